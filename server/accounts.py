@@ -1,0 +1,117 @@
+"""Users, browser sessions and API tokens. Service functions take the session first and never commit."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+
+from pydantic import BaseModel, Field, field_validator
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from . import security
+from .errors import Conflict, NotAuthenticated
+from .models import ApiToken, User, WebSession, utcnow
+
+USERNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{1,31}$")
+
+
+class Signup(BaseModel):
+    username: str = Field(min_length=2, max_length=32)
+    password: str = Field(min_length=8, max_length=256)
+
+    @field_validator("username")
+    @classmethod
+    def _username(cls, value: str) -> str:
+        if not USERNAME_RE.match(value):
+            raise ValueError("use 2-32 letters, digits, '-' or '_', starting with a letter or digit")
+        return value
+
+
+def create_user(session: Session, username: str, password: str, *, is_admin: bool | None = None) -> User:
+    """Create a user. The very first user becomes the administrator unless told otherwise."""
+    data = Signup(username=username, password=password)
+    taken = session.scalar(select(User.id).where(func.lower(User.username) == data.username.lower()))
+    if taken is not None:
+        raise Conflict("that username is taken", field="username")
+    if is_admin is None:
+        is_admin = session.scalar(select(func.count(User.id))) == 0
+    user = User(username=data.username, password_hash=security.hash_password(data.password), is_admin=is_admin)
+    session.add(user)
+    session.flush()
+    return user
+
+
+def set_password(session: Session, user: User, password: str) -> None:
+    Signup(username=user.username, password=password)
+    user.password_hash = security.hash_password(password)
+
+
+def authenticate(session: Session, username: str, password: str) -> User:
+    user = session.scalar(select(User).where(func.lower(User.username) == username.strip().lower()))
+    if not security.verify_password(user.password_hash if user else None, password) or user is None:
+        raise NotAuthenticated("wrong username or password", field="password")
+    return user
+
+
+def start_session(session: Session, user: User, days: int) -> tuple[str, WebSession]:
+    """Returns the cookie value (shown to the browser only) and the stored session."""
+    token = security.new_token()
+    web = WebSession(
+        token_hash=security.token_hash(token),
+        csrf_token=security.new_token(),
+        user_id=user.id,
+        expires_at=utcnow() + timedelta(days=days),
+    )
+    session.add(web)
+    session.flush()
+    return token, web
+
+
+def session_for_cookie(session: Session, cookie: str | None) -> WebSession | None:
+    if not cookie:
+        return None
+    web = session.scalar(select(WebSession).where(WebSession.token_hash == security.token_hash(cookie)))
+    if web is None or web.expires_at <= utcnow():
+        return None
+    return web
+
+
+def end_session(session: Session, web: WebSession) -> None:
+    session.delete(web)
+
+
+def issue_token(session: Session, user: User, name: str) -> tuple[str, ApiToken]:
+    value = security.new_token(security.API_TOKEN_PREFIX)
+    token = ApiToken(
+        user_id=user.id,
+        name=name[:100] or "token",
+        token_hash=security.token_hash(value),
+        prefix=value[:8],
+    )
+    session.add(token)
+    session.flush()
+    return value, token
+
+
+def user_for_token(session: Session, value: str | None) -> tuple[User, ApiToken]:
+    if not value:
+        raise NotAuthenticated("missing bearer token: run `swarmhub login`")
+    token = session.scalar(select(ApiToken).where(ApiToken.token_hash == security.token_hash(value)))
+    if token is None or token.revoked_at is not None:
+        raise NotAuthenticated("invalid or revoked token: run `swarmhub login` again")
+    now = datetime.now(timezone.utc)
+    # Write at most once a minute: every worker request authenticates.
+    if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
+        token.last_used_at = now
+    return token.user, token
+
+
+def revoke_token(session: Session, token: ApiToken) -> None:
+    if token.revoked_at is None:
+        token.revoked_at = utcnow()
+
+
+def user_tokens(session: Session, user: User) -> list[ApiToken]:
+    stmt = select(ApiToken).where(ApiToken.user_id == user.id, ApiToken.revoked_at.is_(None))
+    return list(session.scalars(stmt.order_by(ApiToken.created_at.desc())))

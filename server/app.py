@@ -1,0 +1,133 @@
+"""``create_app(settings)``: the FastAPI application, its lifespan and its error renderer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from importlib.resources import files
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import experiments
+from .db import make_engine, make_sessionmaker, migrate
+from .deps import LoginRequired
+from .errors import AppError
+from .live import LiveHub
+from .views import render_error
+from .routes import api, pages, ws
+from .settings import Settings
+from .swarm import SwarmHost
+
+logger = logging.getLogger("swarmhub.server")
+RECONCILE_SECONDS = 5.0
+
+
+def _wants_json(request: Request) -> bool:
+    return request.url.path.startswith("/api") or request.url.path in ("/healthz",)
+
+
+def _validation_errors(exc: RequestValidationError) -> list[dict[str, object]]:
+    # pydantic puts the raised exception object in ctx; keep only JSON-safe fields
+    return [
+        {"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "")).removeprefix("Value error, "), "type": err.get("type", "")}
+        for err in exc.errors()
+    ]
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(AppError)
+    async def app_error(request: Request, exc: AppError) -> Response:
+        if isinstance(exc, LoginRequired) and not _wants_json(request):
+            return RedirectResponse(f"/login?next={exc.next_path}", status_code=303)
+        if _wants_json(request):
+            return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers)
+        return render_error(request, exc.status_code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        if _wants_json(request):
+            return JSONResponse({"detail": jsonable_encoder(_validation_errors(exc))}, status_code=422)
+        return render_error(request, 422, "; ".join(str(e["msg"]) for e in _validation_errors(exc)))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if _wants_json(request):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        return render_error(request, exc.status_code, str(exc.detail))
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    engine = make_engine(settings.database_url)
+    swarm = SwarmHost(settings.data_dir, settings.swarm_host, enabled=settings.swarm_enabled)
+    live = LiveHub(settings.live_interval_seconds)
+    wake = asyncio.Event()
+
+    def running_run_ids() -> set[str]:
+        with app.state.sessionmaker() as session:
+            return {experiments.run_id(e) for e in experiments.running(session)}
+
+    async def reconcile_forever() -> None:
+        while True:
+            try:
+                ids = await run_in_threadpool(running_run_ids)
+                await run_in_threadpool(swarm.reconcile, ids)
+            except Exception:
+                logger.exception("swarm reconcile failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wake.wait(), RECONCILE_SECONDS)
+            wake.clear()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(migrate, engine)
+        loop = asyncio.get_running_loop()
+        app.state.reconcile_soon = lambda: loop.call_soon_threadsafe(wake.set)
+        tasks = [
+            asyncio.create_task(reconcile_forever()),
+            asyncio.create_task(live.run(lambda slug: ws.live_snapshot(app, slug))),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await run_in_threadpool(swarm.close)
+            engine.dispose()
+
+    app = FastAPI(title="swarmhub", version="0.1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.swarm = swarm
+    app.state.live = live
+    app.state.reconcile_soon = lambda: None  # replaced once the event loop runs
+    _install_error_handlers(app)
+
+    web = Path(str(files("swarmhub.web")))
+    app.mount("/static", StaticFiles(directory=web / "static"), name="static")
+    vendor = web / "node_modules" / "uplot" / "dist"
+    if vendor.is_dir():
+        app.mount("/vendor/uplot", StaticFiles(directory=vendor), name="uplot")
+    else:
+        logger.warning("uPlot is not installed (run `make setup` or `npm ci --prefix web`): charts are off")
+    app.include_router(api.router)
+    app.include_router(ws.router)
+    app.include_router(pages.router)
+
+    @app.get("/healthz", tags=["ops"])
+    def healthz() -> dict[str, str]:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        return {"status": "ok"}
+
+    return app

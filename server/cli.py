@@ -1,0 +1,176 @@
+"""Server-side commands behind the `swarmhub` console script: server, admin, demo.
+
+The worker's CLI imports this module lazily, so a volunteer's base install never needs it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import httpx
+
+from . import accounts, experiments
+from .db import make_engine, make_sessionmaker, migrate
+from .errors import AppError
+from .models import User
+from .settings import Settings
+
+
+def run_server(host: str, port: int, database_url: str | None) -> None:
+    import uvicorn
+
+    from .app import create_app
+
+    overrides = {"database_url": database_url} if database_url else {}
+    settings = Settings(**overrides)
+    click.echo(f"swarmhub on http://{host}:{port} (database: {_redact(settings.database_url)})")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info", ws_max_size=64 * 1024)
+
+
+def _redact(url: str) -> str:
+    """Never print a database password."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def run_admin(username: str, password_stdin: bool) -> None:
+    """Create an administrator, or make an existing user one (optionally setting a new password)."""
+    settings = Settings()
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = getpass.getpass("Password (empty keeps an existing user's): ")
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            user = session.query(User).filter(User.username == username).one_or_none()
+            if user is None:
+                accounts.create_user(session, username, password, is_admin=True)
+                click.echo(f"Created administrator {username}.")
+            else:
+                user.is_admin = True
+                if password:
+                    accounts.set_password(session, user, password)
+                click.echo(f"{username} is now an administrator.")
+    except (AppError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        engine.dispose()
+
+
+DEMO_SLUG = "demo-digits"
+
+
+def _seed_demo(database_url: str) -> tuple[str, list[str]]:
+    """A demo organizer, two volunteers with tokens and a running experiment. Returns the organizer's
+    password and the volunteers' tokens."""
+    engine = make_engine(database_url)
+    migrate(engine)
+    password = secrets.token_urlsafe(9)
+    tokens = []
+    with make_sessionmaker(engine).begin() as session:
+        organizer = accounts.create_user(session, "organizer", password, is_admin=True)
+        experiment = experiments.create(
+            session,
+            organizer,
+            experiments.ExperimentCreate(
+                slug=DEMO_SLUG,
+                title="Demo: handwritten digits",
+                description="Two local volunteers train a small MLP on scikit-learn's digits together.",
+                task="digits",
+                target_batch_size=256,
+                matchmaking_time=2.0,
+                averaging_timeout=30.0,
+            ),
+        )
+        experiments.change_status(session, experiment, "start")
+        for name in ("volunteer-1", "volunteer-2"):
+            user = accounts.create_user(session, name, secrets.token_urlsafe(12))
+            tokens.append(accounts.issue_token(session, user, "demo worker")[0])
+    engine.dispose()
+    return password, tokens
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise click.ClickException("the server exited during start-up: see the lines above")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise click.ClickException(f"the server did not answer on {url} within {timeout:.0f} s")
+
+
+def _stop(processes: list[subprocess.Popen[bytes]], timeout: float = 30) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2) -> None:
+    """Server + demo experiment + local workers, until Ctrl-C; then everything stops."""
+    demo_dir = Path.cwd() / ".swarmhub-demo"
+    shutil.rmtree(demo_dir, ignore_errors=True)
+    (demo_dir / "logs").mkdir(parents=True)
+    database_url = f"sqlite:///{demo_dir / 'swarmhub.db'}"
+    password, tokens = _seed_demo(database_url)
+    url = f"http://{host}:{port}"
+    env = {**os.environ, "SWARMHUB_DATA_DIR": str(demo_dir), "SWARMHUB_DATABASE_URL": database_url}
+    exe = [sys.executable, "-m", "swarmhub.worker.cli"]
+    server = subprocess.Popen([*exe, "server", "--host", host, "--port", str(port)], env=env)
+    processes = [server]
+    # Ctrl-C reaches the whole foreground process group; the children stop by themselves and we wait.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        _wait_healthy(url, server)
+        for index, token in enumerate(tokens[:workers]):
+            worker_env = {
+                **env,
+                "SWARMHUB_SERVER": url,
+                "SWARMHUB_TOKEN": token,
+                "SWARMHUB_CONFIG_DIR": str(demo_dir / f"worker-{index + 1}"),
+                "SWARMHUB_STATE_DIR": str(demo_dir / f"worker-{index + 1}"),
+            }
+            log = open(demo_dir / "logs" / f"worker-{index + 1}.log", "wb")  # noqa: SIM115 - lives as long as the worker
+            processes.append(
+                subprocess.Popen([*exe, "join", DEMO_SLUG, "--listen", f"/ip4/{host}/tcp/0"],
+                                 env=worker_env, stdout=log, stderr=subprocess.STDOUT)
+            )
+        click.echo("")
+        click.echo(f"  Dashboard:  {url}/experiments/{DEMO_SLUG}")
+        click.echo(f"  Organizer:  log in at {url}/login as 'organizer' with password {password}")
+        click.echo(f"  Workers:    {workers} local volunteers training; logs in {demo_dir / 'logs'}")
+        click.echo("  Press Ctrl-C to stop everything.")
+        click.echo("")
+        while server.poll() is None:
+            time.sleep(0.5)
+        raise click.ClickException("the server stopped unexpectedly")
+    except KeyboardInterrupt:
+        click.echo("\nStopping the workers and the server…")
+    finally:
+        _stop(processes[1:])
+        _stop(processes[:1])
+    click.echo("Stopped. Nothing is left running.")

@@ -1,0 +1,103 @@
+"""Request dependencies: the one transaction per request, who is asking, and CSRF checks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from . import accounts, security
+from .errors import Forbidden, NotAuthenticated
+from .models import ApiToken, User, WebSession
+from .settings import Settings
+
+SESSION_COOKIE = "swarmhub_session"
+CSRF_COOKIE = "swarmhub_csrf"
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """The request's unit of work: committed once when the route returns, rolled back on any error."""
+    with request.app.state.sessionmaker() as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+
+DB = Annotated[Session, Depends(get_session)]
+AppSettings = Annotated[Settings, Depends(get_settings)]
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def api_token(request: Request, session: DB) -> tuple[User, ApiToken]:
+    return accounts.user_for_token(session, _bearer(request))
+
+
+def api_user(auth: Annotated[tuple[User, ApiToken], Depends(api_token)]) -> User:
+    return auth[0]
+
+
+def optional_api_user(request: Request, session: DB) -> User | None:
+    """Public reads accept an optional token (it reveals the caller's own drafts)."""
+    return accounts.user_for_token(session, _bearer(request))[0] if _bearer(request) else None
+
+
+def web_session(request: Request, session: DB) -> WebSession | None:
+    return accounts.session_for_cookie(session, request.cookies.get(SESSION_COOKIE))
+
+
+def page_user(web: Annotated[WebSession | None, Depends(web_session)]) -> User | None:
+    return web.user if web else None
+
+
+def require_page_user(request: Request, web: Annotated[WebSession | None, Depends(web_session)]) -> User:
+    if web is None:
+        raise LoginRequired(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
+    return web.user
+
+
+class LoginRequired(NotAuthenticated):
+    """Rendered as a redirect to the login page that comes back here afterwards."""
+
+    def __init__(self, next_path: str):
+        super().__init__("log in first")
+        self.next_path = next_path
+
+
+def csrf_token_for(request: Request, web: WebSession | None) -> str:
+    """The token to embed in forms: the session's own, or the pre-login cookie's (double submit)."""
+    if web is not None:
+        return web.csrf_token
+    token = request.cookies.get(CSRF_COOKIE) or getattr(request.state, "new_csrf", None)
+    if not token:
+        token = security.new_token()
+        request.state.new_csrf = token  # set as a cookie by the page renderer
+    return token
+
+
+async def check_csrf(request: Request, web: Annotated[WebSession | None, Depends(web_session)]) -> None:
+    form = await request.form()
+    sent = form.get("csrf_token")
+    expected = web.csrf_token if web is not None else request.cookies.get(CSRF_COOKIE)
+    if not isinstance(sent, str) or not security.same(sent, expected):
+        raise Forbidden("the form expired or came from another site: reload the page and try again")
+
+
+CurrentUser = Annotated[User, Depends(api_user)]
+OptionalUser = Annotated[User | None, Depends(optional_api_user)]
+PageUser = Annotated[User | None, Depends(page_user)]
+RequiredPageUser = Annotated[User, Depends(require_page_user)]
+CSRF = Depends(check_csrf)

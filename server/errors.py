@@ -1,0 +1,45 @@
+"""One error family, one renderer: JSON ``{"detail": ...}`` under /api, an HTML page elsewhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AppError(Exception):
+    status_code = 400
+
+    def __init__(self, message: str, *, field: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"detail": self.message}
+        if self.field:
+            body["field"] = self.field
+        return body
+
+
+class BadRequest(AppError):
+    status_code = 400
+
+
+class NotAuthenticated(AppError):
+    status_code = 401
+
+
+class Forbidden(AppError):
+    status_code = 403
+
+
+class NotFound(AppError):
+    status_code = 404
+
+
+class Conflict(AppError):
+    status_code = 409
+
+
+class Unavailable(AppError):
+    status_code = 503

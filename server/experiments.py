@@ -1,0 +1,229 @@
+"""Experiments: create, edit, move through draft -> running -> paused -> finished, list, join."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from swarmhub.worker.protocol import (
+    SLUG_RE,
+    ExperimentConfig,
+    ExperimentStatus,
+    ExperimentSummary,
+    OptimizerName,
+    TrainingSettings,
+)
+from swarmhub.worker.tasks import UnknownTask, get_task
+
+from .errors import Conflict, Forbidden, NotFound
+from .models import Experiment, User, WorkerRun
+
+# Which status an action moves an experiment to, and from which statuses it may.
+TRANSITIONS: dict[str, tuple[set[ExperimentStatus], ExperimentStatus]] = {
+    "start": ({ExperimentStatus.draft, ExperimentStatus.paused}, ExperimentStatus.running),
+    "pause": ({ExperimentStatus.running}, ExperimentStatus.paused),
+    "finish": ({ExperimentStatus.draft, ExperimentStatus.running, ExperimentStatus.paused}, ExperimentStatus.finished),
+}
+TRAINING_FIELDS = tuple(TrainingSettings.model_fields)
+
+
+def _check_task_params(task: str, params: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return get_task(task).Params.model_validate(params).model_dump()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "task_params"
+        raise ValueError(f"{where}: {first['msg']}") from None
+
+
+class ExperimentFields(TrainingSettings):
+    title: str = Field(min_length=1, max_length=120)
+    description: str = Field(default="", max_length=5000)
+    task_params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+
+    @field_validator("title")
+    @classmethod
+    def _strip(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("title must not be blank")
+        return value.strip()
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        try:
+            get_task(value)
+        except UnknownTask as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("task_params")
+    @classmethod
+    def _task_params(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "task" not in info.data:
+            return value  # the task itself is wrong; that error names the field
+        return _check_task_params(info.data["task"], value)
+
+
+class ExperimentCreate(ExperimentFields):
+    slug: str = Field(min_length=3, max_length=50, description="lowercase letters, digits and '-'")
+
+    @field_validator("slug")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not SLUG_RE.match(value):
+            raise ValueError("use 3-50 lowercase letters, digits and '-', not starting or ending with '-'")
+        return value
+
+
+class ExperimentUpdate(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    title: str | None = Field(default=None, min_length=1, max_length=120)
+    description: str | None = Field(default=None, max_length=5000)
+    task: str | None = None
+    task_params: dict[str, Any] | None = None
+    optimizer: OptimizerName | None = None
+    learning_rate: float | None = Field(default=None, gt=0, le=10)
+    target_batch_size: int | None = Field(default=None, ge=1, le=1_048_576)
+    matchmaking_time: float | None = Field(default=None, ge=0.5, le=120)
+    averaging_timeout: float | None = Field(default=None, ge=5, le=600)
+
+
+class ExperimentPublic(ExperimentSummary):
+    task_params: dict[str, Any]
+    optimizer: OptimizerName
+    learning_rate: float
+    target_batch_size: int
+    matchmaking_time: float
+    averaging_timeout: float
+    updated_at: datetime
+
+
+class StatusChange(BaseModel):
+    action: str = Field(pattern="^(start|pause|finish)$")
+
+
+def to_public(experiment: Experiment) -> ExperimentPublic:
+    return ExperimentPublic(
+        slug=experiment.slug,
+        title=experiment.title,
+        description=experiment.description,
+        status=ExperimentStatus(experiment.status),
+        owner=experiment.owner.username,
+        task=experiment.task,
+        task_params=experiment.task_params,
+        optimizer=OptimizerName(experiment.optimizer),
+        learning_rate=experiment.learning_rate,
+        target_batch_size=experiment.target_batch_size,
+        matchmaking_time=experiment.matchmaking_time,
+        averaging_timeout=experiment.averaging_timeout,
+        created_at=experiment.created_at,
+        updated_at=experiment.updated_at,
+    )
+
+
+def to_config(experiment: Experiment) -> ExperimentConfig:
+    return ExperimentConfig(
+        slug=experiment.slug,
+        title=experiment.title,
+        **{name: getattr(experiment, name) for name in TRAINING_FIELDS},
+    )
+
+
+def run_id(experiment: Experiment) -> str:
+    """hivemind's run_id: the DHT key prefix every peer of the experiment shares."""
+    return f"swarmhub-{experiment.slug}-{experiment.id}"
+
+
+def can_view(experiment: Experiment, user: User | None) -> bool:
+    return experiment.status != ExperimentStatus.draft or (
+        user is not None and (user.id == experiment.owner_id or user.is_admin)
+    )
+
+
+def can_manage(experiment: Experiment, user: User | None) -> bool:
+    return user is not None and (user.id == experiment.owner_id or user.is_admin)
+
+
+def get_visible(session: Session, slug: str, user: User | None) -> Experiment:
+    """The experiment, or 404: drafts are invisible to everyone but their owner and admins."""
+    experiment = session.scalar(select(Experiment).where(Experiment.slug == slug))
+    if experiment is None or not can_view(experiment, user):
+        raise NotFound(f"no experiment {slug!r}")
+    return experiment
+
+
+def get_managed(session: Session, slug: str, user: User) -> Experiment:
+    experiment = get_visible(session, slug, user)
+    if not can_manage(experiment, user):
+        raise Forbidden("only the experiment's organizer can change it")
+    return experiment
+
+
+def list_visible(session: Session, user: User | None) -> list[Experiment]:
+    stmt = select(Experiment)
+    if user is None:
+        stmt = stmt.where(Experiment.status != ExperimentStatus.draft)
+    elif not user.is_admin:
+        stmt = stmt.where(or_(Experiment.status != ExperimentStatus.draft, Experiment.owner_id == user.id))
+    return list(session.scalars(stmt.order_by(Experiment.created_at.desc(), Experiment.id.desc())))
+
+
+def create(session: Session, owner: User, data: ExperimentCreate) -> Experiment:
+    if session.scalar(select(Experiment.id).where(Experiment.slug == data.slug)) is not None:
+        raise Conflict(f"the slug {data.slug!r} is taken", field="slug")
+    experiment = Experiment(owner_id=owner.id, status=ExperimentStatus.draft.value, **data.model_dump(mode="json"))
+    session.add(experiment)
+    session.flush()
+    session.refresh(experiment)
+    return experiment
+
+
+def update(session: Session, experiment: Experiment, data: ExperimentUpdate) -> Experiment:
+    changes = data.model_dump(exclude_unset=True, mode="json")
+    if experiment.status == ExperimentStatus.finished:
+        raise Conflict("a finished experiment cannot be edited")
+    training_changes = [
+        name for name in TRAINING_FIELDS if name in changes and changes[name] != getattr(experiment, name)
+    ]
+    if training_changes and experiment.status == ExperimentStatus.running:
+        raise Conflict(
+            "pause the experiment before changing how it trains", field=training_changes[0]
+        )
+    merged = {name: getattr(experiment, name) for name in ("title", "description", *TRAINING_FIELDS)}
+    merged.update({k: v for k, v in changes.items() if v is not None})
+    if "task" in changes and "task_params" not in changes:
+        merged["task_params"] = {}  # another task's parameters do not carry over
+    valid = ExperimentFields.model_validate(merged)  # raises a ValidationError naming the field
+    for name, value in valid.model_dump(mode="json").items():
+        setattr(experiment, name, value)
+    session.flush()
+    return experiment
+
+
+def change_status(session: Session, experiment: Experiment, action: str) -> Experiment:
+    allowed_from, target = TRANSITIONS[action]
+    if ExperimentStatus(experiment.status) not in allowed_from:
+        raise Conflict(f"cannot {action} an experiment that is {experiment.status}", field="action")
+    experiment.status = target.value
+    session.flush()
+    return experiment
+
+
+def start_worker_run(session: Session, experiment: Experiment, user: User, device: str) -> WorkerRun:
+    if experiment.status != ExperimentStatus.running:
+        raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
+    worker = WorkerRun(id=uuid.uuid4().hex, experiment_id=experiment.id, user_id=user.id, device=device)
+    session.add(worker)
+    session.flush()
+    return worker
+
+
+def running(session: Session) -> list[Experiment]:
+    return list(session.scalars(select(Experiment).where(Experiment.status == ExperimentStatus.running)))

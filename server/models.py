@@ -1,0 +1,182 @@
+"""Database tables (SQLAlchemy 2). Change them only together with a migration in ``migrations/``."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime")
+        return value.astimezone(timezone.utc) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value
+
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    username: Mapped[str] = mapped_column(String(32), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    is_admin: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class WebSession(Base):
+    """A browser login. Only the SHA-256 of the cookie value is stored; logout deletes the row."""
+
+    __tablename__ = "web_sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    user: Mapped[User] = relationship(lazy="joined")
+
+
+class ApiToken(Base):
+    """A CLI bearer token. Only its SHA-256 is stored; the value is shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(12))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    user: Mapped[User] = relationship(lazy="joined")
+
+
+class DeviceAuthorization(Base):
+    """RFC 8628 device authorization grant in progress."""
+
+    __tablename__ = "device_authorizations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device_code_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user_code: Mapped[str] = mapped_column(String(9), unique=True)
+    client_name: Mapped[str] = mapped_column(String(100))
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending/approved/denied/consumed
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    interval: Mapped[int] = mapped_column(Integer, default=5)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_polled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    user: Mapped[User | None] = relationship(lazy="joined")
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    slug: Mapped[str] = mapped_column(String(50), unique=True)
+    title: Mapped[str] = mapped_column(String(120))
+    description: Mapped[str] = mapped_column(Text, default="")
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="draft")
+    task: Mapped[str] = mapped_column(String(64))
+    task_params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    optimizer: Mapped[str] = mapped_column(String(16))
+    learning_rate: Mapped[float] = mapped_column(Float)
+    target_batch_size: Mapped[int] = mapped_column(Integer)
+    matchmaking_time: Mapped[float] = mapped_column(Float)
+    averaging_timeout: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+    owner: Mapped[User] = relationship(lazy="joined")
+
+
+class WorkerRun(Base):
+    """One `swarmhub join` of one volunteer: the unit that reports metrics and earns samples."""
+
+    __tablename__ = "worker_runs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    device: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    samples: Mapped[int] = mapped_column(BigInteger, default=0)
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    loss: Mapped[float | None] = mapped_column(Float)
+    samples_per_second: Mapped[float] = mapped_column(Float, default=0.0)
+    last_seq: Mapped[int] = mapped_column(BigInteger, default=-1)
+
+    user: Mapped[User] = relationship(lazy="joined")
+
+
+class MetricPoint(Base):
+    """One stored metric message; (worker_run_id, seq) makes a re-sent message a no-op."""
+
+    __tablename__ = "metric_points"
+    __table_args__ = (
+        UniqueConstraint("worker_run_id", "seq"),
+        Index("ix_metric_points_experiment_time", "experiment_id", "received_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    worker_run_id: Mapped[str] = mapped_column(ForeignKey("worker_runs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    step: Mapped[int] = mapped_column(BigInteger)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    samples: Mapped[int] = mapped_column(BigInteger)
+    loss: Mapped[float] = mapped_column(Float)
+    samples_per_second: Mapped[float] = mapped_column(Float)
+    peers: Mapped[int] = mapped_column(Integer)
+    averaged_peers: Mapped[int] = mapped_column(Integer)

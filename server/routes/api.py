@@ -1,0 +1,132 @@
+"""JSON API under /api: parse, call a service, return."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from swarmhub.worker.protocol import DeviceCode, ExperimentSummary, JoinRequest, JoinResponse, Me, TokenResponse
+
+from .. import accounts, device, experiments, metrics
+from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token
+from ..errors import Unavailable
+from ..snapshots import base_url, metrics_public
+
+router = APIRouter(prefix="/api", tags=["api"])
+
+
+class DeviceCodeRequest(BaseModel):
+    client_name: str = Field(default="swarmhub CLI", max_length=100)
+
+
+class DeviceTokenRequest(BaseModel):
+    device_code: str = Field(max_length=200)
+    grant_type: str = "urn:ietf:params:oauth:grant-type:device_code"
+
+
+class LoginRequest(BaseModel):
+    username: str = Field(max_length=32)
+    password: str = Field(max_length=256)
+    token_name: str = Field(default="api", max_length=100)
+
+
+@router.post("/auth/device/code", response_model=DeviceCode)
+def device_code(body: DeviceCodeRequest, request: Request, session: DB, settings: AppSettings) -> DeviceCode:
+    return device.start(session, body.client_name, base_url(request, settings), settings.device_code_minutes)
+
+
+@router.post("/auth/device/token", response_model=TokenResponse, responses={400: {"description": "RFC 8628 error"}})
+def device_token(body: DeviceTokenRequest, session: DB) -> TokenResponse | JSONResponse:
+    result = device.poll(session, body.device_code)
+    if isinstance(result, str):
+        return JSONResponse({"error": result}, status_code=400)
+    return result
+
+
+@router.post("/auth/token", response_model=TokenResponse)
+def password_token(body: LoginRequest, session: DB) -> TokenResponse:
+    """A token for scripts that hold a password (the CLI uses the device flow instead)."""
+    user = accounts.authenticate(session, body.username, body.password)
+    value, _ = accounts.issue_token(session, user, body.token_name)
+    return TokenResponse(access_token=value, username=user.username)
+
+
+@router.delete("/auth/token", status_code=204)
+def revoke_current_token(session: DB, request: Request) -> Response:
+    _, token = api_token(request, session)
+    accounts.revoke_token(session, token)
+    return Response(status_code=204)
+
+
+@router.get("/me", response_model=Me)
+def me(user: CurrentUser) -> Me:
+    return Me(username=user.username, is_admin=user.is_admin)
+
+
+@router.get("/experiments", response_model=list[ExperimentSummary])
+def list_experiments(session: DB, user: OptionalUser) -> list[ExperimentSummary]:
+    return [experiments.to_public(e) for e in experiments.list_visible(session, user)]
+
+
+@router.post("/experiments", response_model=experiments.ExperimentPublic, status_code=201)
+def create_experiment(
+    body: experiments.ExperimentCreate, session: DB, user: CurrentUser, request: Request
+) -> experiments.ExperimentPublic:
+    return experiments.to_public(experiments.create(session, user, body))
+
+
+@router.get("/experiments/{slug}", response_model=experiments.ExperimentPublic)
+def get_experiment(slug: str, session: DB, user: OptionalUser) -> experiments.ExperimentPublic:
+    return experiments.to_public(experiments.get_visible(session, slug, user))
+
+
+@router.patch("/experiments/{slug}", response_model=experiments.ExperimentPublic)
+def update_experiment(
+    slug: str, body: experiments.ExperimentUpdate, session: DB, user: CurrentUser
+) -> experiments.ExperimentPublic:
+    experiment = experiments.get_managed(session, slug, user)
+    return experiments.to_public(experiments.update(session, experiment, body))
+
+
+@router.post("/experiments/{slug}/status", response_model=experiments.ExperimentPublic)
+def change_status(
+    slug: str, body: experiments.StatusChange, session: DB, user: CurrentUser, request: Request
+) -> experiments.ExperimentPublic:
+    experiment = experiments.change_status(session, experiments.get_managed(session, slug, user), body.action)
+    request.app.state.reconcile_soon()
+    return experiments.to_public(experiment)
+
+
+@router.post("/experiments/{slug}/join", response_model=JoinResponse)
+def join(
+    slug: str, body: JoinRequest, session: DB, user: CurrentUser, settings: AppSettings, request: Request
+) -> JoinResponse:
+    experiment = experiments.get_visible(session, slug, user)
+    worker = experiments.start_worker_run(session, experiment, user, body.device)
+    run_id = experiments.run_id(experiment)
+    if not settings.swarm_enabled:
+        raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
+    maddrs = request.app.state.swarm.wait_ready(run_id, timeout=10)
+    if not maddrs:
+        raise Unavailable("the experiment's swarm is starting: try again shortly", headers={"Retry-After": "3"})
+    return JoinResponse(
+        experiment=experiments.to_config(experiment),
+        run_id=run_id,
+        initial_peers=maddrs,
+        worker_id=worker.id,
+        username=user.username,
+        report_path=f"/ws/experiments/{experiment.slug}/report",
+    )
+
+
+@router.get("/experiments/{slug}/leaderboard", response_model=list[metrics.LeaderboardEntry])
+def leaderboard(slug: str, session: DB, user: OptionalUser, settings: AppSettings) -> list[metrics.LeaderboardEntry]:
+    experiment = experiments.get_visible(session, slug, user)
+    return metrics.leaderboard(session, experiment, settings.active_window_seconds)
+
+
+@router.get("/experiments/{slug}/metrics", response_model=metrics.MetricsPublic)
+def experiment_metrics(slug: str, session: DB, user: OptionalUser, request: Request) -> metrics.MetricsPublic:
+    experiment = experiments.get_visible(session, slug, user)
+    return metrics_public(session, experiment, request.app)

@@ -1,0 +1,289 @@
+"""HTML pages: forms post back here with a CSRF token; services do the work."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from urllib.parse import urlparse
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import RedirectResponse, Response
+from pydantic import ValidationError
+
+from swarmhub.worker.protocol import OptimizerName, TrainingSettings
+from swarmhub.worker.tasks import available_tasks, get_task
+
+from .. import accounts, device, experiments
+from ..deps import CSRF, DB, SESSION_COOKIE, AppSettings, PageUser, RequiredPageUser, web_session
+from ..errors import AppError
+from ..models import WebSession
+from ..views import render
+
+router = APIRouter(include_in_schema=False)
+WebSess = Annotated[WebSession | None, Depends(web_session)]
+EXPERIMENT_FIELDS = ("title", "slug", "description", "task", *[f for f in TrainingSettings.model_fields if f != "task" and f != "task_params"])
+
+
+def _safe_next(target: str | None) -> str:
+    """Only same-site paths: an open redirect after login would hand our users to a phishing page."""
+    if not target or not target.startswith("/") or target.startswith("//") or urlparse(target).netloc:
+        return "/"
+    return target
+
+
+def _see_other(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303)
+
+
+def _errors(exc: ValidationError, prefix: str = "") -> dict[str, str]:
+    found: dict[str, str] = {}
+    for err in exc.errors():
+        key = prefix + (str(err["loc"][0]) if err["loc"] else "form")
+        found.setdefault(key, str(err["msg"]).removeprefix("Value error, "))
+    return found
+
+
+def task_forms() -> list[dict[str, Any]]:
+    """Every installed task with its parameter fields, for the experiment form."""
+    forms = []
+    for name in available_tasks():
+        task = get_task(name)
+        fields = []
+        for field_name, info in task.Params.model_fields.items():
+            bounds = {type(m).__name__: getattr(m, type(m).__name__.lower(), None) for m in info.metadata}
+            fields.append(
+                {
+                    "name": field_name,
+                    "default": info.default,
+                    "help": info.description or "",
+                    "step": "1" if info.annotation is int else "any",
+                    "min": bounds.get("Ge"),
+                    "max": bounds.get("Le"),
+                }
+            )
+        forms.append({"name": name, "title": task.title, "fields": fields})
+    return forms
+
+
+async def _experiment_form(request: Request) -> tuple[dict[str, Any], dict[str, str]]:
+    """The submitted experiment as a dict, and inline errors for its task parameters."""
+    form = await request.form()
+    data: dict[str, Any] = {name: str(form.get(name, "")) for name in EXPERIMENT_FIELDS if name in form}
+    task = data.get("task", "")
+    params: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    if task in available_tasks():
+        prefix = f"param.{task}."
+        params = {key[len(prefix) :]: str(value) for key, value in form.items() if key.startswith(prefix) and value != ""}
+        try:
+            get_task(task).Params.model_validate(params)
+        except ValidationError as exc:
+            errors.update(_errors(exc, prefix=prefix))
+    data["task_params"] = params
+    return data, errors
+
+
+def _form_page(request: Request, user: Any, web: Any, *, values: dict[str, Any], errors: dict[str, str],
+               experiment: Any = None, status_code: int = 200) -> Response:
+    return render(
+        request,
+        "experiment_form.html",
+        {
+            "values": values,
+            "errors": errors,
+            "experiment": experiment,
+            "tasks": task_forms(),
+            "optimizers": [o.value for o in OptimizerName],
+        },
+        user=user,
+        web=web,
+        status_code=status_code,
+    )
+
+
+@router.get("/")
+def index(request: Request, session: DB, user: PageUser, web: WebSess) -> Response:
+    return render(request, "index.html", {"experiments": experiments.list_visible(session, user)}, user=user, web=web)
+
+
+@router.get("/signup")
+def signup_page(request: Request, user: PageUser, web: WebSess) -> Response:
+    return render(request, "signup.html", {"values": {}, "errors": {}}, user=user, web=web)
+
+
+def _login_response(session: DB, user: Any, settings: AppSettings, target: str) -> Response:
+    cookie, _ = accounts.start_session(session, user, settings.session_days)
+    response = _see_other(_safe_next(target))
+    response.set_cookie(
+        SESSION_COOKIE, cookie, httponly=True, samesite="lax", secure=settings.cookie_secure,
+        max_age=settings.session_days * 86400, path="/",
+    )
+    return response
+
+
+@router.post("/signup", dependencies=[CSRF])
+async def signup(request: Request, session: DB, settings: AppSettings, web: WebSess) -> Response:
+    form = await request.form()
+    values = {"username": str(form.get("username", ""))}
+    try:
+        data = accounts.Signup(username=values["username"], password=str(form.get("password", "")))
+        user = accounts.create_user(session, data.username, data.password)
+    except ValidationError as exc:
+        return render(request, "signup.html", {"values": values, "errors": _errors(exc)}, web=web, status_code=422)
+    except AppError as exc:
+        errors = {exc.field or "form": exc.message}
+        return render(request, "signup.html", {"values": values, "errors": errors}, web=web, status_code=exc.status_code)
+    return _login_response(session, user, settings, str(form.get("next", "/")))
+
+
+@router.get("/login")
+def login_page(request: Request, user: PageUser, web: WebSess, next: str = "/") -> Response:
+    return render(request, "login.html", {"values": {}, "errors": {}, "next": _safe_next(next)}, user=user, web=web)
+
+
+@router.post("/login", dependencies=[CSRF])
+async def login(request: Request, session: DB, settings: AppSettings, web: WebSess) -> Response:
+    form = await request.form()
+    values = {"username": str(form.get("username", ""))}
+    target = _safe_next(str(form.get("next", "/")))
+    try:
+        user = accounts.authenticate(session, values["username"], str(form.get("password", "")))
+    except AppError as exc:
+        context = {"values": values, "errors": {"password": exc.message}, "next": target}
+        return render(request, "login.html", context, web=web, status_code=401)
+    return _login_response(session, user, settings, target)
+
+
+@router.post("/logout", dependencies=[CSRF])
+def logout(session: DB, web: WebSess) -> Response:
+    if web is not None:
+        accounts.end_session(session, web)
+    response = _see_other("/")
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+@router.get("/experiments/new")
+def new_experiment_page(request: Request, user: RequiredPageUser, web: WebSess) -> Response:
+    defaults = TrainingSettings().model_dump(mode="json")
+    return _form_page(request, user, web, values=defaults, errors={})
+
+
+@router.post("/experiments/new", dependencies=[CSRF])
+async def create_experiment(request: Request, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+    data, errors = await _experiment_form(request)
+    try:
+        body = experiments.ExperimentCreate.model_validate(data)
+    except ValidationError as exc:
+        errors = {**_errors(exc), **errors}
+        if any(key.startswith("param.") for key in errors):
+            errors.pop("task_params", None)  # already shown next to each parameter
+        return _form_page(request, user, web, values=data, errors=errors, status_code=422)
+    if errors:
+        return _form_page(request, user, web, values=data, errors=errors, status_code=422)
+    try:
+        experiment = experiments.create(session, user, body)
+    except AppError as exc:
+        return _form_page(request, user, web, values=data, errors={exc.field or "form": exc.message},
+                          status_code=exc.status_code)
+    return _see_other(f"/experiments/{experiment.slug}")
+
+
+@router.get("/experiments/{slug}")
+def dashboard(request: Request, slug: str, session: DB, user: PageUser, web: WebSess) -> Response:
+    experiment = experiments.get_visible(session, slug, user)
+    context = {
+        "experiment": experiment,
+        "can_manage": experiments.can_manage(experiment, user),
+        "actions": [a for a, (src, _) in experiments.TRANSITIONS.items() if experiment.status in src],
+    }
+    return render(request, "dashboard.html", context, user=user, web=web)
+
+
+@router.get("/experiments/{slug}/edit")
+def edit_experiment_page(request: Request, slug: str, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+    experiment = experiments.get_managed(session, slug, user)
+    values = experiments.to_public(experiment).model_dump(mode="json")
+    return _form_page(request, user, web, values=values, errors={}, experiment=experiment)
+
+
+@router.post("/experiments/{slug}/edit", dependencies=[CSRF])
+async def edit_experiment(request: Request, slug: str, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+    experiment = experiments.get_managed(session, slug, user)
+    data, errors = await _experiment_form(request)
+    data.pop("slug", None)  # the slug is the experiment's address: it never changes
+    values = {**data, "slug": experiment.slug}
+    if not errors:
+        try:
+            experiments.update(session, experiment, experiments.ExperimentUpdate.model_validate(data))
+        except ValidationError as exc:
+            errors = _errors(exc)
+        except AppError as exc:
+            errors = {exc.field or "form": exc.message}
+    if errors:
+        session.rollback()
+        return _form_page(request, user, web, values=values, errors=errors, experiment=experiment, status_code=422)
+    return _see_other(f"/experiments/{experiment.slug}")
+
+
+@router.post("/experiments/{slug}/status", dependencies=[CSRF])
+async def change_status(request: Request, slug: str, session: DB, user: RequiredPageUser) -> Response:
+    form = await request.form()
+    action = str(form.get("action", ""))
+    if action not in experiments.TRANSITIONS:
+        raise AppError(f"unknown action {action!r}", field="action")
+    experiments.change_status(session, experiments.get_managed(session, slug, user), action)
+    request.app.state.reconcile_soon()
+    return _see_other(f"/experiments/{slug}")
+
+
+@router.get("/account")
+def account(request: Request, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+    context = {"tokens": accounts.user_tokens(session, user), "new_token": None}
+    return render(request, "account.html", context, user=user, web=web)
+
+
+@router.post("/account/tokens", dependencies=[CSRF])
+async def create_token(request: Request, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+    form = await request.form()
+    value, _ = accounts.issue_token(session, user, str(form.get("name", "")).strip()[:100] or "token")
+    context = {"tokens": accounts.user_tokens(session, user), "new_token": value}
+    response = render(request, "account.html", context, user=user, web=web)
+    response.headers["Cache-Control"] = "no-store"  # the token is shown once and must not be cached
+    return response
+
+
+@router.post("/account/tokens/{token_id}/revoke", dependencies=[CSRF])
+def revoke_token(token_id: int, session: DB, user: RequiredPageUser) -> Response:
+    for token in accounts.user_tokens(session, user):
+        if token.id == token_id:
+            accounts.revoke_token(session, token)
+    return _see_other("/account")
+
+
+@router.get("/device")
+def device_page(request: Request, session: DB, user: RequiredPageUser, web: WebSess, user_code: str = "") -> Response:
+    grant = None
+    errors: dict[str, str] = {}
+    if user_code:
+        try:
+            grant = device.pending(session, user_code)
+        except AppError as exc:
+            errors["user_code"] = exc.message
+    context = {"user_code": user_code[:16], "grant": grant, "errors": errors, "done": None}
+    return render(request, "device.html", context, user=user, web=web)
+
+
+@router.post("/device", dependencies=[CSRF])
+async def device_decide(request: Request, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+    form = await request.form()
+    user_code = str(form.get("user_code", ""))[:16]
+    decision = str(form.get("decision", ""))
+    if decision not in ("approve", "deny"):  # the code-entry step: show what is being approved
+        return _see_other(f"/device?user_code={user_code}")
+    try:
+        device.decide(session, user_code, user, approve=decision == "approve")
+    except AppError as exc:
+        context = {"user_code": user_code, "grant": None, "errors": {"user_code": exc.message}, "done": None}
+        return render(request, "device.html", context, user=user, web=web, status_code=exc.status_code)
+    context = {"user_code": user_code, "grant": None, "errors": {}, "done": decision}
+    return render(request, "device.html", context, user=user, web=web)

@@ -1,0 +1,141 @@
+"""Websockets: workers' metric reports in, live dashboard updates out.
+
+The report socket authenticates *before* accepting (bearer token + the worker run that the join
+created for this user and experiment), bounds and validates every message, and acknowledges each
+stored report by its ``seq`` so the worker can re-send what was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from swarmhub.worker.protocol import MAX_REPORT_BYTES, Ack, Control, ExperimentStatus, MetricReport
+
+from .. import accounts, experiments, metrics
+from ..errors import AppError
+from ..models import Experiment, WorkerRun
+from ..snapshots import dashboard_snapshot
+
+router = APIRouter()
+logger = logging.getLogger("swarmhub.ws")
+POLICY_VIOLATION = 1008
+MAX_MESSAGES_PER_SECOND = 50  # far above what a worker sends (about one message every 2 s)
+
+
+async def _deny(websocket: WebSocket, status: int, detail: str) -> None:
+    """Refuse the handshake with a real HTTP status, so clients can tell 401 from 404."""
+    body = json.dumps({"detail": detail}).encode()
+    await websocket.send_denial_response(Response(body, status_code=status, media_type="application/json"))
+
+
+def _authorize(app: Any, token: str | None, slug: str, worker_id: str) -> tuple[str, str] | AppError:
+    with app.state.sessionmaker.begin() as session:
+        try:
+            user, _ = accounts.user_for_token(session, token)
+            experiment = experiments.get_visible(session, slug, user)
+        except AppError as exc:
+            return exc
+        worker = session.get(WorkerRun, worker_id)
+        if worker is None or worker.user_id != user.id or worker.experiment_id != experiment.id:
+            exc = AppError("unknown worker_id for this user and experiment: join again")
+            exc.status_code = 403
+            return exc
+        return worker.id, experiment.slug
+
+
+def _store(app: Any, worker_id: str, report: MetricReport) -> str:
+    """Store a report; returns the experiment's status so the worker can be told to stop."""
+    with app.state.sessionmaker.begin() as session:
+        worker = session.get(WorkerRun, worker_id)
+        assert worker is not None
+        metrics.ingest(session, worker, report)
+        return session.get(Experiment, worker.experiment_id).status  # type: ignore[union-attr]
+
+
+@router.websocket("/ws/experiments/{slug}/report")
+async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
+    app = websocket.app
+    header = websocket.headers.get("authorization", "")
+    token = header[7:].strip() if header.lower().startswith("bearer ") else None
+    outcome = await run_in_threadpool(_authorize, app, token, slug, worker_id[:64])
+    if isinstance(outcome, AppError):
+        await _deny(websocket, outcome.status_code, outcome.message)
+        return
+    worker_id, slug = outcome
+    await websocket.accept()
+    window_start, count = asyncio.get_running_loop().time(), 0
+    try:
+        while True:
+            text = await websocket.receive_text()
+            now = asyncio.get_running_loop().time()
+            if now - window_start >= 1:
+                window_start, count = now, 0
+            count += 1
+            if count > MAX_MESSAGES_PER_SECOND:
+                await websocket.close(POLICY_VIOLATION, "too many messages")
+                return
+            if len(text.encode()) > MAX_REPORT_BYTES:
+                await websocket.close(POLICY_VIOLATION, f"message larger than {MAX_REPORT_BYTES} bytes")
+                return
+            try:
+                message = MetricReport.model_validate_json(text)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                field = ".".join(str(p) for p in first["loc"]) or "message"
+                await websocket.close(POLICY_VIOLATION, f"invalid report: {field}: {first['msg']}"[:120])
+                return
+            status = await run_in_threadpool(_store, app, worker_id, message)
+            app.state.live.mark(slug)
+            await websocket.send_text(Ack(seq=message.seq).model_dump_json())
+            if status != ExperimentStatus.running:
+                note = f"the organizer set this experiment to {status}"
+                await websocket.send_text(Control(status=ExperimentStatus(status), message=note).model_dump_json())
+    except WebSocketDisconnect:
+        pass
+
+
+def _snapshot(app: Any, slug: str) -> dict[str, Any] | None:
+    with app.state.sessionmaker.begin() as session:
+        try:
+            experiment = experiments.get_visible(session, slug, None)
+        except AppError:
+            return None
+        return dashboard_snapshot(session, experiment, app)
+
+
+@router.websocket("/ws/experiments/{slug}/live")
+async def live(websocket: WebSocket, slug: str) -> None:
+    """Public: a snapshot on connect, then one whenever the experiment's numbers change."""
+    app = websocket.app
+    first = await run_in_threadpool(_snapshot, app, slug)
+    if first is None:
+        await _deny(websocket, 404, f"no experiment {slug!r}")
+        return
+    await websocket.accept()
+    queue = app.state.live.subscribe(slug)
+    try:
+        await websocket.send_json(first)
+        receiver = asyncio.ensure_future(websocket.receive_text())  # notices the viewer leaving
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({receiver, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if receiver in done:
+                getter.cancel()
+                break
+            await websocket.send_json(getter.result())
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+    finally:
+        app.state.live.unsubscribe(slug, queue)
+
+
+async def live_snapshot(app: Any, slug: str) -> dict[str, Any] | None:
+    return await run_in_threadpool(_snapshot, app, slug)

@@ -1,0 +1,51 @@
+"""Passwords (Argon2id), opaque tokens (stored as SHA-256 only) and CSRF comparison."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+_hasher = PasswordHasher()  # argon2-cffi defaults are Argon2id with RFC 9106 low-memory parameters
+# A fixed hash to verify against when the user does not exist, so timing does not reveal usernames.
+_DUMMY_HASH = _hasher.hash("swarmhub-dummy-password")
+
+API_TOKEN_PREFIX = "shb_"
+USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"  # RFC 8628 section 6.1: no vowels, no look-alikes
+
+
+def hash_password(password: str) -> str:
+    return _hasher.hash(password)
+
+
+def verify_password(password_hash: str | None, password: str) -> bool:
+    try:
+        return _hasher.verify(password_hash or _DUMMY_HASH, password) and password_hash is not None
+    except (VerificationError, InvalidHashError):
+        return False
+
+
+def new_token(prefix: str = "") -> str:
+    return prefix + secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> str:
+    """Tokens are high-entropy random values, so a plain SHA-256 is enough to store them safely."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_user_code() -> str:
+    chars = "".join(secrets.choice(USER_CODE_ALPHABET) for _ in range(8))
+    return f"{chars[:4]}-{chars[4:]}"
+
+
+def normalize_user_code(code: str) -> str:
+    chars = "".join(c for c in code.upper() if c.isalnum())
+    return f"{chars[:4]}-{chars[4:]}" if len(chars) == 8 else chars
+
+
+def same(a: str | None, b: str | None) -> bool:
+    return bool(a) and bool(b) and hmac.compare_digest(str(a), str(b))

@@ -1,0 +1,35 @@
+"""What a dashboard shows of an experiment, built the same way for the JSON API and the live channel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from sqlalchemy.orm import Session
+
+from . import experiments, metrics
+from .models import Experiment
+from .settings import Settings
+
+
+def base_url(request: Request, settings: Settings) -> str:
+    return settings.public_url.rstrip("/") or str(request.base_url).rstrip("/")
+
+
+def metrics_public(session: Session, experiment: Experiment, app: FastAPI) -> metrics.MetricsPublic:
+    settings: Settings = app.state.settings
+    swarm_peers = app.state.swarm.swarm_peers(experiments.run_id(experiment))
+    return metrics.MetricsPublic(
+        summary=metrics.summary(session, experiment, settings.active_window_seconds, swarm_peers),
+        series=metrics.series(session, experiment),
+    )
+
+
+def dashboard_snapshot(session: Session, experiment: Experiment, app: FastAPI) -> dict[str, Any]:
+    settings: Settings = app.state.settings
+    board = metrics.leaderboard(session, experiment, settings.active_window_seconds)
+    return {
+        "type": "snapshot",
+        "metrics": metrics_public(session, experiment, app).model_dump(mode="json"),
+        "leaderboard": [entry.model_dump(mode="json") for entry in board],
+    }

@@ -1,0 +1,119 @@
+"""Hosts the server's hivemind peer for every running experiment, each in its own process.
+
+The peer (``swarm_peer.py``) is the swarm's bootstrap node and monitor. The host keeps the set of
+peer processes equal to the set of running experiments (``reconcile``), restarts a peer that died,
+and stops them all at shutdown. Peers keep their identity in ``data_dir/peers`` so that their
+peer ID survives a server restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("swarmhub.swarm")
+
+
+@dataclass
+class Peer:
+    run_id: str
+    process: subprocess.Popen[str]
+    ready: threading.Event = field(default_factory=threading.Event)
+    maddrs: list[str] = field(default_factory=list)
+    progress: dict[str, Any] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.monotonic)
+
+
+class SwarmHost:
+    def __init__(self, data_dir: Path, host: str, enabled: bool = True):
+        self.data_dir = data_dir
+        self.host = host
+        self.enabled = enabled
+        self._peers: dict[str, Peer] = {}
+        self._lock = threading.Lock()
+
+    def _read(self, peer: Peer) -> None:
+        assert peer.process.stdout is not None
+        for line in peer.process.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "ready":
+                peer.maddrs = [str(m) for m in event.get("maddrs", [])]
+                peer.ready.set()
+                logger.info("swarm peer for %s listening on %s", peer.run_id, peer.maddrs)
+            elif event.get("event") == "progress":
+                peer.progress = event
+
+    def start(self, run_id: str) -> Peer:
+        with self._lock:
+            peer = self._peers.get(run_id)
+            if peer is not None and peer.process.poll() is None:
+                return peer
+            identity = self.data_dir / "peers" / f"{run_id}.key"
+            identity.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            cmd = [sys.executable, "-m", "swarmhub.server.swarm_peer", "--run-id", run_id, "--host", self.host,
+                   "--identity", str(identity)]
+            # stdin stays open: the peer exits by itself when this process (and so the pipe) goes away.
+            process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            peer = Peer(run_id=run_id, process=process)
+            self._peers[run_id] = peer
+            threading.Thread(target=self._read, args=(peer,), daemon=True, name=f"peer-{run_id}").start()
+            logger.info("started swarm peer for %s (pid %s)", run_id, process.pid)
+            return peer
+
+    def stop(self, run_id: str, timeout: float = 15.0) -> None:
+        with self._lock:
+            peer = self._peers.pop(run_id, None)
+        if peer is None:
+            return
+        _terminate(peer.process, timeout)
+        logger.info("stopped swarm peer for %s", run_id)
+
+    def reconcile(self, running: set[str]) -> None:
+        """Run exactly one peer per running experiment; restart any that died."""
+        if not self.enabled:
+            return
+        for run_id in list(self._peers):
+            if run_id not in running:
+                self.stop(run_id)
+        for run_id in running:
+            self.start(run_id)
+
+    def wait_ready(self, run_id: str, timeout: float) -> list[str] | None:
+        if not self.enabled:
+            return None
+        peer = self.start(run_id)
+        return peer.maddrs if peer.ready.wait(timeout) else None
+
+    def swarm_peers(self, run_id: str) -> int | None:
+        peer = self._peers.get(run_id)
+        if peer is None or not peer.progress:
+            return None
+        return int(peer.progress.get("peers", 0))
+
+    def close(self) -> None:
+        for run_id in list(self._peers):
+            self.stop(run_id)
+
+
+def _terminate(process: subprocess.Popen[str], timeout: float) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()  # the peer shuts its DHT down cleanly on SIGTERM
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    for stream in (process.stdin, process.stdout):
+        if stream is not None:
+            stream.close()

@@ -1,0 +1,101 @@
+"""The server's peer for one experiment: the swarm's bootstrap node and its monitor.
+
+Run as its own process (hivemind objects must never cross a ``spawn``):
+
+    python -m swarmhub.server.swarm_peer --run-id RUN --host 127.0.0.1 [--port 0] [--identity PATH]
+
+It speaks JSON lines on stdout:
+
+- ``{"event": "ready", "maddrs": [...]}`` once the DHT is up: the addresses workers bootstrap from;
+- ``{"event": "progress", "epoch": E, "peers": N, "samples_per_second": S, "samples": A}`` every
+  ``--interval`` seconds, read from the peers' signed ``{run_id}_progress`` records.
+
+It shuts down cleanly (no orphaned ``p2pd`` or averager processes) on SIGTERM, SIGINT, or when its
+stdin closes, so it never outlives the server that started it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+
+def _emit(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def read_progress(dht: Any, run_id: str) -> dict[str, Any]:
+    """Summarise the swarm's progress records, as hivemind's ProgressTracker does."""
+    from hivemind.optim.progress_tracker import LocalTrainingProgress
+
+    record = dht.get(f"{run_id}_progress", latest=True)
+    peers: list[LocalTrainingProgress] = []
+    if record is not None and isinstance(record.value, dict):
+        for entry in record.value.values():
+            try:
+                peers.append(LocalTrainingProgress.parse_obj(entry.value))
+            except Exception:  # noqa: S112 - a malformed record from one peer must not stop the monitor
+                continue
+    return {
+        "event": "progress",
+        "epoch": max((p.epoch for p in peers), default=0),
+        "peers": len(peers),
+        "samples_per_second": round(sum(p.samples_per_second for p in peers), 3),
+        "samples": sum(p.samples_accumulated for p in peers),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="swarmhub-swarm-peer")
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--identity", default=None, help="key file that keeps the peer ID stable")
+    parser.add_argument("--interval", type=float, default=3.0)
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    import hivemind
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def watch_stdin() -> None:
+        try:
+            while sys.stdin.read(1):
+                pass
+        except (OSError, ValueError):
+            pass
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+
+    kwargs: dict[str, Any] = {}
+    if args.identity:
+        os.makedirs(os.path.dirname(os.path.abspath(args.identity)), exist_ok=True)
+        kwargs["identity_path"] = args.identity
+    dht = hivemind.DHT(host_maddrs=[f"/ip4/{args.host}/tcp/{args.port}"], start=True, **kwargs)
+    try:
+        _emit({"event": "ready", "maddrs": [str(m) for m in dht.get_visible_maddrs()]})
+        while not stop.is_set():
+            try:
+                _emit(read_progress(dht, args.run_id))
+            except Exception as exc:  # the monitor keeps the bootstrap node alive whatever a read does
+                logging.warning("progress read failed: %r", exc)
+            stop.wait(args.interval)
+    finally:
+        dht.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+// Live dashboard: a snapshot over the websocket on connect and on every change; polling the JSON API
+// while the socket is down. Charts are uPlot (installed from npm at set-up).
+(function () {
+  "use strict";
+  const root = document.getElementById("dashboard");
+  if (!root) return;
+  const slug = root.dataset.slug;
+  const charts = {};
+
+  function fmt(n, digits) {
+    if (n === null || n === undefined) return "–";
+    return Number(n).toLocaleString(undefined, { maximumFractionDigits: digits });
+  }
+
+  function ago(iso) {
+    if (!iso) return "never";
+    const s = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+    if (s < 60) return s + " s ago";
+    if (s < 3600) return Math.round(s / 60) + " min ago";
+    return Math.round(s / 3600) + " h ago";
+  }
+
+  function drawChart(id, label, color, xs, ys) {
+    const el = document.getElementById(id);
+    el.dataset.points = String(xs.length);
+    if (typeof uPlot === "undefined") {
+      el.textContent = "Charts need uPlot: run `make setup` on the server.";
+      return;
+    }
+    const data = [xs, ys];
+    if (!charts[id]) {
+      const opts = {
+        width: Math.max(300, el.clientWidth || 600), height: 220,
+        series: [{}, { label: label, stroke: color, width: 2 }],
+        axes: [{}, {}],
+      };
+      charts[id] = new uPlot(opts, data, el);
+      window.addEventListener("resize", function () {
+        charts[id].setSize({ width: Math.max(300, el.clientWidth), height: 220 });
+      });
+    } else {
+      charts[id].setData(data);
+    }
+  }
+
+  function renderLeaderboard(rows) {
+    const body = document.querySelector("#leaderboard tbody");
+    body.replaceChildren();
+    if (!rows.length) {
+      const tr = document.createElement("tr");
+      tr.className = "empty";
+      const td = document.createElement("td");
+      td.colSpan = 5; td.textContent = "No contributions yet.";
+      tr.appendChild(td); body.appendChild(tr);
+      return;
+    }
+    rows.forEach(function (r) {
+      const tr = document.createElement("tr");
+      if (r.active) tr.className = "active";
+      [r.rank, r.username, fmt(r.samples, 0), fmt(r.samples_per_second, 1), r.active ? "now" : ago(r.last_seen)]
+        .forEach(function (v) { const td = document.createElement("td"); td.textContent = v; tr.appendChild(td); });
+      body.appendChild(tr);
+    });
+  }
+
+  function render(snapshot) {
+    const m = snapshot.metrics, s = m.summary;
+    document.getElementById("stat-loss").textContent = fmt(s.loss, 4);
+    document.getElementById("stat-sps").textContent = fmt(s.samples_per_second, 1);
+    document.getElementById("stat-peers").textContent = fmt(s.active_peers, 0);
+    document.getElementById("stat-samples").textContent = fmt(s.total_samples, 0);
+    document.getElementById("stat-epoch").textContent = fmt(s.epoch, 0);
+    const status = document.getElementById("status");
+    status.textContent = s.status; status.className = "status status-" + s.status;
+    const xs = m.series.map(function (p) { return p.t; });
+    drawChart("chart-loss", "loss", "#c0392b", xs, m.series.map(function (p) { return p.loss; }));
+    drawChart("chart-sps", "samples/s", "#2471a3", xs, m.series.map(function (p) { return p.samples_per_second; }));
+    renderLeaderboard(snapshot.leaderboard);
+  }
+
+  let pollTimer = null;
+  async function poll() {
+    try {
+      const [metrics, leaderboard] = await Promise.all([
+        fetch("/api/experiments/" + slug + "/metrics").then(function (r) { return r.json(); }),
+        fetch("/api/experiments/" + slug + "/leaderboard").then(function (r) { return r.json(); }),
+      ]);
+      render({ metrics: metrics, leaderboard: leaderboard });
+    } catch (e) { /* offline: try again on the next tick */ }
+  }
+
+  let backoff = 1000;
+  function connect() {
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(proto + "//" + location.host + "/ws/experiments/" + slug + "/live");
+    const state = document.getElementById("live-state");
+    ws.onopen = function () {
+      backoff = 1000; state.textContent = "live";
+      if (pollTimer) { clearInterval(pollTimer); pollTimer = null; }
+    };
+    ws.onmessage = function (event) {
+      try { render(JSON.parse(event.data)); } catch (e) { console.error(e); }
+    };
+    ws.onclose = function () {
+      state.textContent = "reconnecting…";
+      if (!pollTimer) pollTimer = setInterval(poll, 5000);
+      setTimeout(connect, backoff);
+      backoff = Math.min(backoff * 2, 30000);
+    };
+  }
+
+  window.addEventListener("load", function () { poll(); connect(); });
+})();

@@ -1,0 +1,146 @@
+"""The wire contract between worker and server: one definition of each message.
+
+Light on purpose: pydantic only (no torch, FastAPI or SQLAlchemy), so the server imports it and the
+worker ships it to volunteers unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{1,48}[a-z0-9])$")
+MAX_REPORT_BYTES = 4096  # one metric message on the websocket; anything larger is refused
+
+
+class ExperimentStatus(str, Enum):
+    draft = "draft"
+    running = "running"
+    paused = "paused"
+    finished = "finished"
+
+
+class OptimizerName(str, Enum):
+    adam = "adam"
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+class TrainingSettings(BaseModel):
+    """What is trained and how: the part of an experiment that every worker must agree on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(default="digits", min_length=1, max_length=64, description="Registered task name")
+    task_params: dict[str, Any] = Field(default_factory=dict, description="The task's own parameters")
+    optimizer: OptimizerName = OptimizerName.adam
+    learning_rate: float = Field(default=1e-3, gt=0, le=10)
+    target_batch_size: int = Field(
+        default=256, ge=1, le=1_048_576, description="Samples the whole swarm accumulates per optimizer step"
+    )
+    matchmaking_time: float = Field(
+        default=3.0, ge=0.5, le=120, description="Seconds peers wait to form an averaging group"
+    )
+    averaging_timeout: float = Field(
+        default=30.0, ge=5, le=600, description="Seconds after which a stuck averaging round is abandoned"
+    )
+
+
+class ExperimentConfig(TrainingSettings):
+    """The experiment as a worker receives it."""
+
+    slug: str
+    title: str
+
+
+class ExperimentSummary(BaseModel):
+    """An experiment as listed publicly (`GET /api/experiments`)."""
+
+    slug: str
+    title: str
+    description: str
+    status: ExperimentStatus
+    owner: str
+    task: str
+    created_at: datetime
+
+
+class JoinRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field(default="cpu", max_length=32)
+    client_version: str = Field(default="", max_length=32)
+
+
+class JoinResponse(BaseModel):
+    """`POST /api/experiments/{slug}/join`: everything a worker needs to train."""
+
+    experiment: ExperimentConfig
+    run_id: str = Field(description="hivemind run_id shared by every peer of this experiment")
+    initial_peers: list[str] = Field(description="Multiaddrs of the server's bootstrap peer")
+    worker_id: str = Field(description="Identifies this contribution session in metric reports")
+    username: str
+    report_path: str = Field(description="Websocket path for metric reports, relative to the server URL")
+
+
+class MetricReport(BaseModel):
+    """One progress report from a worker. `seq` increases by one per message of a worker run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["metrics"] = "metrics"
+    seq: int = Field(ge=0, le=2**62)
+    step: int = Field(ge=0, le=2**62)
+    epoch: int = Field(ge=0, le=2**62)
+    samples: int = Field(ge=0, le=2**62, description="Samples this worker run has processed so far")
+    loss: float
+    samples_per_second: float = Field(ge=0, le=1e9)
+    peers: int = Field(ge=0, le=100_000, description="Peers the worker sees in the swarm")
+    averaged_peers: int = Field(default=0, ge=0, le=100_000, description="Group size of the last averaging")
+
+    @field_validator("loss")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("loss must be a finite number")
+        return value
+
+
+class Ack(BaseModel):
+    type: Literal["ack"] = "ack"
+    seq: int
+
+
+class Control(BaseModel):
+    """Server to worker: the experiment changed state (a worker stops unless it is `running`)."""
+
+    type: Literal["control"] = "control"
+    status: ExperimentStatus
+    message: str = ""
+
+
+class DeviceCode(BaseModel):
+    """RFC 8628 device authorization response."""
+
+    device_code: str
+    user_code: str
+    verification_uri: str
+    verification_uri_complete: str
+    expires_in: int
+    interval: int
+
+
+class TokenResponse(BaseModel):
+    access_token: str
+    token_type: Literal["bearer"] = "bearer"
+    username: str
+
+
+class Me(BaseModel):
+    username: str
+    is_admin: bool

@@ -1,0 +1,60 @@
+"""Handwritten digits (scikit-learn's bundled 8x8 UCI digits): a small MLP that trains in seconds on a CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import Task
+
+
+class DigitsParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hidden_size: int = Field(default=64, ge=4, le=4096, description="Width of the hidden layer")
+    batch_size: int = Field(default=32, ge=1, le=1797, description="Samples per local step")
+
+
+class DigitsTask(Task):
+    name = "digits"
+    title = "Handwritten digits (MLP, scikit-learn's bundled data)"
+    Params = DigitsParams
+    params: DigitsParams
+
+    @property
+    def batch_size(self) -> int:
+        return self.params.batch_size
+
+    def build_model(self) -> torch.nn.Module:
+        hidden = self.params.hidden_size
+        return torch.nn.Sequential(
+            torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)
+        )
+
+    @staticmethod
+    def _data() -> tuple[torch.Tensor, torch.Tensor]:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        features = torch.as_tensor(digits.data / 16.0, dtype=torch.float32)
+        labels = torch.as_tensor(digits.target, dtype=torch.long)
+        return features, labels
+
+    def batches(self, seed: int) -> Iterator[Any]:
+        features, labels = self._data()
+        rng = np.random.default_rng(seed)
+        size = self.params.batch_size
+        while True:
+            order = torch.as_tensor(rng.permutation(len(labels)))
+            for start in range(0, len(order) - size + 1, size):
+                index = order[start : start + size]
+                yield features[index], labels[index]
+
+    def loss(self, model: torch.nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
+        features, labels = batch
+        logits = model(features.to(device))
+        return torch.nn.functional.cross_entropy(logits, labels.to(device))
