@@ -61,8 +61,13 @@ def ingest(session: Session, worker: WorkerRun, report: MetricReport) -> bool:
     }
     dialect = session.get_bind().dialect.name
     insert = pg_insert if dialect == "postgresql" else sqlite_insert
-    stmt = insert(MetricPoint).values(**values).on_conflict_do_nothing(index_elements=["worker_run_id", "seq"])
-    inserted = session.execute(stmt).rowcount == 1
+    stmt = (
+        insert(MetricPoint)
+        .values(**values)
+        .on_conflict_do_nothing(index_elements=["worker_run_id", "seq"])
+        .returning(MetricPoint.id)
+    )
+    inserted = session.execute(stmt).scalar_one_or_none() is not None
     if inserted and report.seq > worker.last_seq:
         worker.last_seq = report.seq
         worker.samples = report.samples

@@ -1,0 +1,168 @@
+"""Shared fixtures: the suite runs on SQLite and on PostgreSQL (127.0.0.1:5432), migrated once per
+database per session, with every table emptied after each test so that assertions can be exact."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import uvicorn
+from fastapi.testclient import TestClient
+
+from swarmhub.server import accounts, experiments
+from swarmhub.server.app import create_app
+from swarmhub.server.db import make_engine, migrate
+from swarmhub.server.models import Base, Experiment, User
+from swarmhub.server.settings import Settings
+
+POSTGRES_URL = os.environ.get(
+    "SWARMHUB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/swarmhub_test"
+)
+PASSWORD = "correct-horse-battery"
+
+
+def _prepare_postgres(url: str) -> str:
+    """A fresh database for this run; skipped only outside CI when no server answers."""
+    db_name = url.rsplit("/", 1)[1]
+    admin = make_engine(url.rsplit("/", 1)[0] + "/postgres")
+    try:
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
+            conn.execute(sa.text(f'CREATE DATABASE "{db_name}"'))
+    except sa.exc.OperationalError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"PostgreSQL is not reachable at {url} ({exc.orig}); set SWARMHUB_TEST_POSTGRES_URL")
+    finally:
+        admin.dispose()
+    return url
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'test.db'}"
+    else:
+        url = _prepare_postgres(POSTGRES_URL)
+    engine = make_engine(url)
+    migrate(engine)
+    engine.dispose()
+    yield url
+
+
+def _empty_tables(url: str) -> None:
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            names = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+            conn.execute(sa.text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+        else:
+            for table in reversed(Base.metadata.sorted_tables):
+                conn.execute(table.delete())
+    engine.dispose()
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Iterator[Settings]:
+    yield Settings(
+        environment="test", data_dir=tmp_path / "data", database_url=database_url, swarm_enabled=False,
+        live_interval_seconds=0.2,
+    )
+    _empty_tables(database_url)
+
+
+@pytest.fixture
+def app(settings: Settings) -> Any:
+    return create_app(settings)
+
+
+@pytest.fixture
+def client(app: Any) -> Iterator[TestClient]:
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def db(app: Any) -> Any:
+    """A sessionmaker on the app's database, for factories and for checking what was stored."""
+    return app.state.sessionmaker
+
+
+def make_user(db: Any, username: str = "alice", password: str = PASSWORD, **overrides: Any) -> User:
+    with db.begin() as session:
+        return accounts.create_user(session, username, password, **overrides)
+
+
+def make_experiment(db: Any, owner: User, slug: str = "digits-run", status: str = "draft", **overrides: Any) -> Experiment:
+    fields = {"slug": slug, "title": f"Experiment {slug}", "target_batch_size": 128, "matchmaking_time": 2.0}
+    with db.begin() as session:
+        owner = session.merge(owner)
+        experiment = experiments.create(session, owner, experiments.ExperimentCreate(**{**fields, **overrides}))
+        experiment.status = status
+        return experiment
+
+
+def api_token(client: TestClient, username: str = "alice", password: str = PASSWORD) -> dict[str, str]:
+    """Bearer headers from the real token route."""
+    response = client.post("/api/auth/token", json={"username": username, "password": password})
+    assert response.status_code == 200, response.text
+    return {"Authorization": f"Bearer {response.json()['access_token']}"}
+
+
+def csrf_from(html: str) -> str:
+    match = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert match, "page has no CSRF field"
+    return match.group(1)
+
+
+def login(client: TestClient, username: str = "alice", password: str = PASSWORD) -> str:
+    """Log in through the real form; returns the session's CSRF token for later forms."""
+    token = csrf_from(client.get("/login").text)
+    response = client.post(
+        "/login", data={"username": username, "password": password, "csrf_token": token}, follow_redirects=False
+    )
+    assert response.status_code == 303, response.text
+    return csrf_from(client.get("/account").text)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LiveServer:
+    """A real uvicorn server in a thread, for clients that need a socket (CLI, browser)."""
+
+    def __init__(self, app: Any):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture
+def live_server(app: Any) -> Iterator[LiveServer]:
+    with LiveServer(app) as server:
+        yield server

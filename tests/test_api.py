@@ -1,0 +1,179 @@
+"""The JSON API, through FastAPI's TestClient, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+
+from swarmhub.server.models import Experiment
+
+from .conftest import api_token, make_experiment, make_user
+
+NEW = {"slug": "mnist-ish", "title": "Digits", "task": "digits", "task_params": {"hidden_size": 32}}
+
+
+def count_experiments(db) -> int:
+    with db() as session:
+        return session.scalar(select(func.count(Experiment.id)))
+
+
+def test_create_and_read_experiment(client, db):
+    make_user(db)
+    headers = api_token(client)
+    response = client.post("/api/experiments", json=NEW, headers=headers)
+    assert response.status_code == 201
+    body = response.json()
+    assert body["status"] == "draft"
+    assert body["owner"] == "alice"
+    assert body["task_params"] == {"hidden_size": 32, "batch_size": 32}  # task defaults filled in
+    assert client.get("/api/experiments/mnist-ish", headers=headers).json()["title"] == "Digits"
+
+
+def test_invalid_experiment_names_the_field_and_creates_nothing(client, db):
+    make_user(db)
+    headers = api_token(client)
+    cases = {
+        "slug": {**NEW, "slug": "Not A Slug"},
+        "learning_rate": {**NEW, "learning_rate": 0},
+        "target_batch_size": {**NEW, "target_batch_size": "many"},
+        "task": {**NEW, "task": "imagenet"},
+        "task_params": {**NEW, "task_params": {"hidden_size": 1}},
+        "averaging_timeout": {**NEW, "averaging_timeout": 1},
+    }
+    for field, body in cases.items():
+        response = client.post("/api/experiments", json=body, headers=headers)
+        assert response.status_code == 422, field
+        assert [err["loc"] for err in response.json()["detail"]] == [["body", field]]
+    assert count_experiments(db) == 0
+
+
+def test_task_param_error_says_which_parameter(client, db):
+    make_user(db)
+    response = client.post(
+        "/api/experiments", json={**NEW, "task_params": {"hidden_size": 1}}, headers=api_token(client)
+    )
+    assert "hidden_size" in response.json()["detail"][0]["msg"]
+
+
+def test_error_shape_is_pinned(client, db):
+    make_user(db)
+    headers = api_token(client)
+    client.post("/api/experiments", json=NEW, headers=headers)
+    response = client.post("/api/experiments", json=NEW, headers=headers)
+    assert response.status_code == 409
+    assert response.json() == {"detail": "the slug 'mnist-ish' is taken", "field": "slug"}
+    assert count_experiments(db) == 1
+
+
+def test_writes_need_a_valid_token(client, db):
+    assert client.post("/api/experiments", json=NEW).status_code == 401
+    bad = client.post("/api/experiments", json=NEW, headers={"Authorization": "Bearer shb_nope"})
+    assert bad.status_code == 401
+    assert "swarmhub login" in bad.json()["detail"]
+
+
+def test_status_lifecycle(client, db):
+    make_user(db)
+    headers = api_token(client)
+    client.post("/api/experiments", json=NEW, headers=headers)
+
+    def act(action):
+        return client.post(f"/api/experiments/{NEW['slug']}/status", json={"action": action}, headers=headers)
+
+    assert act("pause").status_code == 409  # a draft is not running
+    assert act("start").json()["status"] == "running"
+    assert act("pause").json()["status"] == "paused"
+    assert act("start").json()["status"] == "running"
+    assert act("finish").json()["status"] == "finished"
+    refused = act("start")
+    assert refused.status_code == 409
+    assert refused.json()["detail"] == "cannot start an experiment that is finished"
+    assert act("explode").status_code == 422
+
+
+def test_edit_rules(client, db):
+    make_user(db)
+    headers = api_token(client)
+    client.post("/api/experiments", json=NEW, headers=headers)
+    url = f"/api/experiments/{NEW['slug']}"
+    assert client.patch(url, json={"learning_rate": 0.01}, headers=headers).json()["learning_rate"] == 0.01
+    client.post(f"{url}/status", json={"action": "start"}, headers=headers)
+    running_edit = client.patch(url, json={"learning_rate": 0.5}, headers=headers)
+    assert running_edit.status_code == 409
+    assert running_edit.json()["field"] == "learning_rate"
+    assert client.patch(url, json={"title": "Renamed"}, headers=headers).json()["title"] == "Renamed"
+    bad = client.patch(url, json={"title": ""}, headers=headers)
+    assert bad.status_code == 422
+    assert client.get(url).json()["title"] == "Renamed"
+
+
+def test_only_the_owner_changes_an_experiment(client, db):
+    owner = make_user(db)
+    make_user(db, "mallory")
+    make_experiment(db, owner, slug="owned", status="running")
+    headers = api_token(client, "mallory")
+    assert client.patch("/api/experiments/owned", json={"title": "mine"}, headers=headers).status_code == 403
+    forbidden = client.post("/api/experiments/owned/status", json={"action": "finish"}, headers=headers)
+    assert forbidden.status_code == 403
+    assert client.get("/api/experiments/owned").json()["status"] == "running"
+
+
+def test_admin_manages_any_experiment(client, db):
+    owner = make_user(db, "alice", is_admin=False)
+    make_user(db, "root", is_admin=True)
+    make_experiment(db, owner, slug="owned", status="running")
+    response = client.post(
+        "/api/experiments/owned/status", json={"action": "pause"}, headers=api_token(client, "root")
+    )
+    assert response.json()["status"] == "paused"
+
+
+def test_drafts_are_private(client, db):
+    owner = make_user(db)
+    make_user(db, "bob")
+    make_experiment(db, owner, slug="secret")
+    make_experiment(db, owner, slug="public", status="running")
+    assert [e["slug"] for e in client.get("/api/experiments").json()] == ["public"]
+    assert client.get("/api/experiments/secret").status_code == 404
+    assert client.get("/api/experiments/secret", headers=api_token(client, "bob")).status_code == 404
+    mine = client.get("/api/experiments", headers=api_token(client)).json()
+    assert sorted(e["slug"] for e in mine) == ["public", "secret"]
+
+
+def test_first_user_is_admin(client, db):
+    first = make_user(db)
+    second = make_user(db, "bob")
+    assert (first.is_admin, second.is_admin) == (True, False)
+    assert client.get("/api/me", headers=api_token(client)).json() == {"username": "alice", "is_admin": True}
+
+
+def test_join_refuses_unknown_and_stopped_experiments(client, db):
+    owner = make_user(db)
+    make_experiment(db, owner, slug="paused-one", status="paused")
+    headers = api_token(client)
+    unknown = client.post("/api/experiments/nope/join", json={}, headers=headers)
+    assert unknown.status_code == 404
+    paused = client.post("/api/experiments/paused-one/join", json={}, headers=headers)
+    assert paused.status_code == 409
+    assert "not accepting volunteers" in paused.json()["detail"]
+    assert client.post("/api/experiments/paused-one/join", json={}).status_code == 401
+
+
+def test_revoked_token_stops_working(client, db):
+    make_user(db)
+    headers = api_token(client)
+    assert client.get("/api/me", headers=headers).status_code == 200
+    assert client.delete("/api/auth/token", headers=headers).status_code == 204
+    assert client.get("/api/me", headers=headers).status_code == 401
+
+
+def test_wrong_password_says_so(client, db):
+    make_user(db)
+    response = client.post("/api/auth/token", json={"username": "alice", "password": "wrong-password"})
+    assert response.status_code == 401
+    assert response.json() == {"detail": "wrong username or password", "field": "password"}
+
+
+def test_healthz_and_openapi(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/api/experiments", "/api/experiments/{slug}/join", "/api/experiments/{slug}/leaderboard"} <= set(paths)
