@@ -22,10 +22,10 @@ from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
 from .live import LiveHub
-from .views import render_error
 from .routes import api, pages, ws
 from .settings import Settings
 from .swarm import SwarmHost
+from .views import render_error
 
 logger = logging.getLogger("swarmhub.server")
 RECONCILE_SECONDS = 5.0
@@ -38,7 +38,11 @@ def _wants_json(request: Request) -> bool:
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, object]]:
     # pydantic puts the raised exception object in ctx; keep only JSON-safe fields
     return [
-        {"loc": list(err.get("loc", ())), "msg": str(err.get("msg", "")).removeprefix("Value error, "), "type": err.get("type", "")}
+        {
+            "loc": list(err.get("loc", ())),
+            "msg": str(err.get("msg", "")).removeprefix("Value error, "),
+            "type": err.get("type", ""),
+        }
         for err in exc.errors()
     ]
 

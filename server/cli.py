@@ -156,8 +156,12 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2) -> Non
             }
             log = open(demo_dir / "logs" / f"worker-{index + 1}.log", "wb")  # noqa: SIM115 - lives as long as the worker
             processes.append(
-                subprocess.Popen([*exe, "join", DEMO_SLUG, "--listen", f"/ip4/{host}/tcp/0"],
-                                 env=worker_env, stdout=log, stderr=subprocess.STDOUT)
+                subprocess.Popen(
+                    [*exe, "join", DEMO_SLUG, "--listen", f"/ip4/{host}/tcp/0"],
+                    env=worker_env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             )
         click.echo("")
         click.echo(f"  Dashboard:  {url}/experiments/{DEMO_SLUG}")

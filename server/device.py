@@ -71,9 +71,7 @@ def poll(session: Session, device_code: str) -> TokenResponse | str:
         return "expired_token"
     if grant.status == "denied":
         return "access_denied"
-    too_fast = grant.last_polled_at is not None and now - grant.last_polled_at < timedelta(
-        seconds=grant.interval - 1
-    )
+    too_fast = grant.last_polled_at is not None and now - grant.last_polled_at < timedelta(seconds=grant.interval - 1)
     grant.last_polled_at = now
     if grant.status == "pending":
         return "slow_down" if too_fast else "authorization_pending"

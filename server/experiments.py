@@ -193,9 +193,7 @@ def update(session: Session, experiment: Experiment, data: ExperimentUpdate) -> 
         name for name in TRAINING_FIELDS if name in changes and changes[name] != getattr(experiment, name)
     ]
     if training_changes and experiment.status == ExperimentStatus.running:
-        raise Conflict(
-            "pause the experiment before changing how it trains", field=training_changes[0]
-        )
+        raise Conflict("pause the experiment before changing how it trains", field=training_changes[0])
     merged = {name: getattr(experiment, name) for name in ("title", "description", *TRAINING_FIELDS)}
     merged.update({k: v for k, v in changes.items() if v is not None})
     if "task" in changes and "task_params" not in changes:

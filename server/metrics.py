@@ -86,7 +86,9 @@ def _active_since(window_seconds: int) -> datetime:
 def leaderboard(session: Session, experiment: Experiment, window_seconds: int) -> list[LeaderboardEntry]:
     since = _active_since(window_seconds)
     rows = session.execute(
-        select(WorkerRun.user_id, User.username, WorkerRun.samples, WorkerRun.samples_per_second, WorkerRun.last_seen_at)
+        select(
+            WorkerRun.user_id, User.username, WorkerRun.samples, WorkerRun.samples_per_second, WorkerRun.last_seen_at
+        )
         .join(User, User.id == WorkerRun.user_id)
         .where(WorkerRun.experiment_id == experiment.id, WorkerRun.last_seen_at.is_not(None))
     ).all()
@@ -114,9 +116,7 @@ def leaderboard(session: Session, experiment: Experiment, window_seconds: int) -
     ]
 
 
-def summary(
-    session: Session, experiment: Experiment, window_seconds: int, swarm_peers: int | None = None
-) -> Summary:
+def summary(session: Session, experiment: Experiment, window_seconds: int, swarm_peers: int | None = None) -> Summary:
     since = _active_since(window_seconds)
     total, epoch = session.execute(
         select(func.coalesce(func.sum(WorkerRun.samples), 0), func.coalesce(func.max(WorkerRun.epoch), 0)).where(

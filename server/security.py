@@ -13,7 +13,7 @@ _hasher = PasswordHasher()  # argon2-cffi defaults are Argon2id with RFC 9106 lo
 # A fixed hash to verify against when the user does not exist, so timing does not reveal usernames.
 _DUMMY_HASH = _hasher.hash("swarmhub-dummy-password")
 
-API_TOKEN_PREFIX = "shb_"
+API_TOKEN_PREFIX = "shb_"  # noqa: S105 - a public prefix, not a secret
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"  # RFC 8628 section 6.1: no vowels, no look-alikes
 
 

@@ -60,8 +60,17 @@ class SwarmHost:
                 return peer
             identity = self.data_dir / "peers" / f"{run_id}.key"
             identity.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            cmd = [sys.executable, "-m", "swarmhub.server.swarm_peer", "--run-id", run_id, "--host", self.host,
-                   "--identity", str(identity)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "swarmhub.server.swarm_peer",
+                "--run-id",
+                run_id,
+                "--host",
+                self.host,
+                "--identity",
+                str(identity),
+            ]
             # stdin stays open: the peer exits by itself when this process (and so the pipe) goes away.
             process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             peer = Peer(run_id=run_id, process=process)

@@ -30,9 +30,7 @@ def render(
     new = getattr(request.state, "new_csrf", None)
     if new:
         settings = request.app.state.settings
-        response.set_cookie(
-            CSRF_COOKIE, new, httponly=True, samesite="strict", secure=settings.cookie_secure, path="/"
-        )
+        response.set_cookie(CSRF_COOKIE, new, httponly=True, samesite="strict", secure=settings.cookie_secure, path="/")
     return response
 
 

@@ -73,7 +73,10 @@ def _empty_tables(url: str) -> None:
 @pytest.fixture
 def settings(database_url: str, tmp_path: Path) -> Iterator[Settings]:
     yield Settings(
-        environment="test", data_dir=tmp_path / "data", database_url=database_url, swarm_enabled=False,
+        environment="test",
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        swarm_enabled=False,
         live_interval_seconds=0.2,
     )
     _empty_tables(database_url)
@@ -101,7 +104,9 @@ def make_user(db: Any, username: str = "alice", password: str = PASSWORD, **over
         return accounts.create_user(session, username, password, **overrides)
 
 
-def make_experiment(db: Any, owner: User, slug: str = "digits-run", status: str = "draft", **overrides: Any) -> Experiment:
+def make_experiment(
+    db: Any, owner: User, slug: str = "digits-run", status: str = "draft", **overrides: Any
+) -> Experiment:
     fields = {"slug": slug, "title": f"Experiment {slug}", "target_batch_size": 128, "matchmaking_time": 2.0}
     with db.begin() as session:
         owner = session.merge(owner)

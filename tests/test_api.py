@@ -121,9 +121,7 @@ def test_admin_manages_any_experiment(client, db):
     owner = make_user(db, "alice", is_admin=False)
     make_user(db, "root", is_admin=True)
     make_experiment(db, owner, slug="owned", status="running")
-    response = client.post(
-        "/api/experiments/owned/status", json={"action": "pause"}, headers=api_token(client, "root")
-    )
+    response = client.post("/api/experiments/owned/status", json={"action": "pause"}, headers=api_token(client, "root"))
     assert response.json()["status"] == "paused"
 
 

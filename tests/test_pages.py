@@ -167,6 +167,6 @@ def test_account_tokens_are_shown_once_and_revocable(client, db):
     headers = {"Authorization": f"Bearer {token}"}
     assert client.get("/api/me", headers=headers).status_code == 200
     assert token not in client.get("/account").text
-    token_id = re.search(r'/account/tokens/(\d+)/revoke', client.get("/account").text).group(1)
+    token_id = re.search(r"/account/tokens/(\d+)/revoke", client.get("/account").text).group(1)
     client.post(f"/account/tokens/{token_id}/revoke", data={"csrf_token": csrf})
     assert client.get("/api/me", headers=headers).status_code == 401

@@ -24,7 +24,13 @@ def worker_run(db, user, slug):
 
 def report(seq, samples=32, loss=2.0):
     return MetricReport(
-        seq=seq, step=seq, epoch=seq // 4, samples=samples, loss=loss, samples_per_second=100.0, peers=2,
+        seq=seq,
+        step=seq,
+        epoch=seq // 4,
+        samples=samples,
+        loss=loss,
+        samples_per_second=100.0,
+        peers=2,
         averaged_peers=2,
     ).model_dump_json()
 

@@ -6,7 +6,14 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from swarmhub.worker.protocol import DeviceCode, ExperimentSummary, JoinRequest, JoinResponse, Me, TokenResponse
+from swarmhub.worker.protocol import (
+    DeviceCode,
+    ExperimentSummary,
+    JoinRequest,
+    JoinResponse,
+    Me,
+    TokenResponse,
+)
 
 from .. import accounts, device, experiments, metrics
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token

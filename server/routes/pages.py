@@ -20,7 +20,13 @@ from ..views import render
 
 router = APIRouter(include_in_schema=False)
 WebSess = Annotated[WebSession | None, Depends(web_session)]
-EXPERIMENT_FIELDS = ("title", "slug", "description", "task", *[f for f in TrainingSettings.model_fields if f != "task" and f != "task_params"])
+EXPERIMENT_FIELDS = (
+    "title",
+    "slug",
+    "description",
+    "task",
+    *[f for f in TrainingSettings.model_fields if f != "task" and f != "task_params"],
+)
 
 
 def _safe_next(target: str | None) -> str:
@@ -73,7 +79,9 @@ async def _experiment_form(request: Request) -> tuple[dict[str, Any], dict[str, 
     errors: dict[str, str] = {}
     if task in available_tasks():
         prefix = f"param.{task}."
-        params = {key[len(prefix) :]: str(value) for key, value in form.items() if key.startswith(prefix) and value != ""}
+        params = {
+            key[len(prefix) :]: str(value) for key, value in form.items() if key.startswith(prefix) and value != ""
+        }
         try:
             get_task(task).Params.model_validate(params)
         except ValidationError as exc:
@@ -82,8 +90,16 @@ async def _experiment_form(request: Request) -> tuple[dict[str, Any], dict[str, 
     return data, errors
 
 
-def _form_page(request: Request, user: Any, web: Any, *, values: dict[str, Any], errors: dict[str, str],
-               experiment: Any = None, status_code: int = 200) -> Response:
+def _form_page(
+    request: Request,
+    user: Any,
+    web: Any,
+    *,
+    values: dict[str, Any],
+    errors: dict[str, str],
+    experiment: Any = None,
+    status_code: int = 200,
+) -> Response:
     return render(
         request,
         "experiment_form.html",
@@ -114,8 +130,13 @@ def _login_response(session: DB, user: Any, settings: AppSettings, target: str) 
     cookie, _ = accounts.start_session(session, user, settings.session_days)
     response = _see_other(_safe_next(target))
     response.set_cookie(
-        SESSION_COOKIE, cookie, httponly=True, samesite="lax", secure=settings.cookie_secure,
-        max_age=settings.session_days * 86400, path="/",
+        SESSION_COOKIE,
+        cookie,
+        httponly=True,
+        samesite="lax",
+        secure=settings.cookie_secure,
+        max_age=settings.session_days * 86400,
+        path="/",
     )
     return response
 
@@ -131,7 +152,9 @@ async def signup(request: Request, session: DB, settings: AppSettings, web: WebS
         return render(request, "signup.html", {"values": values, "errors": _errors(exc)}, web=web, status_code=422)
     except AppError as exc:
         errors = {exc.field or "form": exc.message}
-        return render(request, "signup.html", {"values": values, "errors": errors}, web=web, status_code=exc.status_code)
+        return render(
+            request, "signup.html", {"values": values, "errors": errors}, web=web, status_code=exc.status_code
+        )
     return _login_response(session, user, settings, str(form.get("next", "/")))
 
 
@@ -183,8 +206,9 @@ async def create_experiment(request: Request, session: DB, user: RequiredPageUse
     try:
         experiment = experiments.create(session, user, body)
     except AppError as exc:
-        return _form_page(request, user, web, values=data, errors={exc.field or "form": exc.message},
-                          status_code=exc.status_code)
+        return _form_page(
+            request, user, web, values=data, errors={exc.field or "form": exc.message}, status_code=exc.status_code
+        )
     return _see_other(f"/experiments/{experiment.slug}")
 
 

@@ -1,0 +1,60 @@
+# swarmhub: the README's commands. `make demo` and `make test` set everything up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# A CPU build of torch unless one is already installed: GPU users install their own torch into .venv first.
+TORCH_SPEC ?= torch==2.13.0
+CHROMIUM ?= /usr/bin/chromium
+
+.PHONY: setup setup-python setup-web setup-browser demo server test test-fast check bench clean
+
+setup: setup-python setup-web
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@touch $@
+
+setup-python: $(VENV)/.installed
+
+web/node_modules/.package-lock.json: web/package.json web/package-lock.json
+	npm ci --prefix web --no-audit --no-fund --loglevel=error
+
+setup-web: web/node_modules/.package-lock.json
+
+# Browser tests drive Debian's Chromium through Playwright (Playwright's own browser download is not used).
+setup-browser:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "Chromium is missing: run 'sudo apt-get install chromium' (or set CHROMIUM=/path/to/chromium)"; exit 1; \
+	  fi; \
+	fi
+
+demo: setup
+	$(BIN)/swarmhub demo
+
+server: setup
+	$(BIN)/swarmhub server
+
+test: setup setup-browser
+	SWARMHUB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not e2e and not browser and not swarm"
+
+check: setup
+	$(BIN)/ruff check swarmhub server worker tests bench
+	$(BIN)/mypy swarmhub server worker
+
+bench: setup
+	$(BIN)/python bench/overhead.py
+
+clean:
+	rm -rf $(VENV) web/node_modules .swarmhub-demo

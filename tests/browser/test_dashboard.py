@@ -1,0 +1,130 @@
+"""In real Chromium (Debian's, driven by Playwright): an organizer signs up, creates an experiment through the
+form (fixing an inline error first), starts it, and watches the dashboard draw new points while a real
+`swarmhub join` worker reports, without reloading the page."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from swarmhub.server.app import create_app
+from swarmhub.server.settings import Settings
+
+from ..conftest import PASSWORD, LiveServer
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
+CHROMIUM = os.environ.get("SWARMHUB_CHROMIUM", "/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    settings = Settings(
+        environment="test",
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite:///{tmp_path / 'browser.db'}",
+        live_interval_seconds=0.5,
+    )
+    with LiveServer(create_app(settings)) as live:
+        yield live
+
+
+@pytest.fixture
+def page():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: run `make setup-browser`")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        context = browser.new_context(viewport={"width": 1200, "height": 1400})
+        yield context.new_page()
+        browser.close()
+
+
+def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path):
+    base = server.url
+    page.goto(f"{base}/signup")
+    page.fill("input[name=username]", "organizer")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page.locator("header nav")).to_contain_text("organizer")
+
+    page.goto(f"{base}/experiments/new")
+    page.fill("input[name=title]", "Browser digits")
+    page.fill("input[name=slug]", "Bad Slug!")
+    page.fill("input[name='param.digits.hidden_size']", "32")
+    page.fill("input[name=target_batch_size]", "128")
+    page.fill("input[name=matchmaking_time]", "1")
+    page.click("#experiment-form button[type=submit]")
+    expect(page.locator("#error-slug")).to_contain_text("lowercase letters")
+    expect(page.locator("input[name=title]")).to_have_value("Browser digits")  # nothing typed is lost
+
+    page.fill("input[name=slug]", "browser-digits")
+    page.click("#experiment-form button[type=submit]")
+    expect(page).to_have_url(f"{base}/experiments/browser-digits")
+    page.click("button[value=start]")
+    expect(page.locator("#status")).to_have_text("running")
+
+    page.goto(f"{base}/account")
+    page.fill("input[name=name]", "browser test worker")
+    page.click("text=Create token")
+    token = page.locator("#new-token").inner_text()
+
+    page.goto(f"{base}/experiments/browser-digits")
+    expect(page.locator("#live-state")).to_have_text("live")
+    chart = page.locator("#chart-loss")
+    expect(chart).to_have_attribute("data-points", "0")
+
+    env = {
+        **os.environ,
+        "SWARMHUB_SERVER": base,
+        "SWARMHUB_TOKEN": token,
+        "SWARMHUB_CONFIG_DIR": str(tmp_path / "cfg"),
+        "SWARMHUB_STATE_DIR": str(tmp_path / "state"),
+    }
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "swarmhub.worker.cli",
+            "join",
+            "browser-digits",
+            "--max-steps",
+            "400",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        # New points arrive over the live channel: no reload happens between these checks.
+        expect(chart).not_to_have_attribute("data-points", "0", timeout=90_000)
+        first = int(chart.get_attribute("data-points"))
+        expect(chart.locator("canvas")).to_have_count(1)
+        expect(page.locator("#leaderboard tbody")).to_contain_text("organizer", timeout=30_000)
+        page.wait_for_function(
+            "n => Number(document.querySelector('#chart-loss').dataset.points) > n", arg=first, timeout=60_000
+        )
+        assert page.locator("#stat-samples").inner_text() not in ("–", "0")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    finally:
+        worker.terminate()
+        output = worker.communicate(timeout=60)[0].decode(errors="replace")
+    assert "Traceback" not in output, output

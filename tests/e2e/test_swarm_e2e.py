@@ -1,0 +1,175 @@
+"""End to end: a real uvicorn server (`swarmhub server`), volunteers made through the real routes, two real
+`swarmhub join` processes training one hivemind swarm on 127.0.0.1, then a clean shutdown of everything."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import sqlalchemy as sa
+
+from ..conftest import PASSWORD, csrf_from, free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+SLUG = "e2e-digits"
+SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli"]
+
+
+def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "server exited during start-up"
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError("server did not become healthy")
+
+
+def signup(url: str, username: str) -> str:
+    """Sign up through the page, then get an API token through the API."""
+    with httpx.Client(base_url=url) as browser:
+        token = csrf_from(browser.get("/signup").text)
+        response = browser.post("/signup", data={"username": username, "password": PASSWORD, "csrf_token": token})
+        assert response.status_code in (200, 303)
+    response = httpx.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD})
+    return response.json()["access_token"]
+
+
+def descendants(process: subprocess.Popen) -> set[int]:
+    try:
+        return {child.pid for child in psutil.Process(process.pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "SWARMHUB_DATA_DIR": str(tmp_path / "data"),
+        "SWARMHUB_DATABASE_URL": f"sqlite:///{tmp_path / 'e2e.db'}",
+    }
+    log = open(tmp_path / "server.log", "wb")
+    process = subprocess.Popen(
+        [*SWARMHUB, "server", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_healthy(url, process)
+        yield url, process, tmp_path
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+        log.close()
+
+
+def test_two_volunteers_train_together(server):
+    url, server_process, tmp = server
+    organizer = signup(url, "organizer")
+    headers = {"Authorization": f"Bearer {organizer}"}
+    created = httpx.post(
+        f"{url}/api/experiments",
+        headers=headers,
+        json={
+            "slug": SLUG,
+            "title": "E2E digits",
+            "task": "digits",
+            "task_params": {"hidden_size": 64, "batch_size": 32},
+            "target_batch_size": 128,
+            "matchmaking_time": 2.0,
+            "averaging_timeout": 20.0,
+            "learning_rate": 0.003,
+        },
+    )
+    assert created.status_code == 201, created.text
+    assert (
+        httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=headers, json={"action": "start"}).json()["status"]
+        == "running"
+    )
+
+    workers, seen_children = [], set()
+    for name in ("ada", "grace"):
+        token = signup(url, name)
+        env = {**os.environ, "SWARMHUB_CONFIG_DIR": str(tmp / name), "SWARMHUB_STATE_DIR": str(tmp / name)}
+        env.pop("SWARMHUB_TOKEN", None)
+        login = subprocess.run(
+            [*SWARMHUB, "login", "--server", url, "--with-token"],
+            input=token + "\n",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert login.returncode == 0, login.stderr
+        out = open(tmp / f"{name}.out", "wb")
+        workers.append(
+            (
+                name,
+                out,
+                subprocess.Popen(
+                    [*SWARMHUB, "join", SLUG, "--max-steps", "160", "--listen", "/ip4/127.0.0.1/tcp/0"],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                ),
+            )
+        )
+
+    deadline = time.monotonic() + 300
+    for _, _, process in workers:
+        while process.poll() is None and time.monotonic() < deadline:
+            seen_children |= descendants(process)
+            time.sleep(0.5)
+    for name, out, process in workers:
+        out.close()
+        output = (tmp / f"{name}.out").read_text(errors="replace")
+        assert process.returncode == 0, f"{name} exited {process.returncode}:\n{output[-3000:]}"
+        assert "Traceback" not in output
+
+    # Both averaged with each other over at least three swarm epochs.
+    engine = sa.create_engine(f"sqlite:///{tmp / 'e2e.db'}")
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT u.username, COUNT(DISTINCT p.epoch) FROM metric_points p "
+                "JOIN worker_runs w ON w.id = p.worker_run_id JOIN users u ON u.id = w.user_id "
+                "WHERE p.averaged_peers = 2 GROUP BY u.username ORDER BY u.username"
+            )
+        ).all()
+    engine.dispose()
+    assert [name for name, _ in rows] == ["ada", "grace"]
+    assert all(epochs >= 3 for _, epochs in rows), rows
+
+    board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard").json()
+    assert sorted(entry["username"] for entry in board) == ["ada", "grace"]
+    assert all(entry["samples"] > 0 for entry in board)
+
+    series = httpx.get(f"{url}/api/experiments/{SLUG}/metrics").json()["series"]
+    assert len(series) >= 4
+    assert series[-1]["loss"] < series[0]["loss"]
+
+    # Nothing the workers started outlives them; the server's swarm peer goes with the server.
+    assert seen_children, "the workers should have started hivemind helper processes"
+    assert alive(seen_children) == set()
+    server_children = descendants(server_process)
+    assert server_children, "the server should run a swarm peer for the running experiment"
+    server_process.send_signal(signal.SIGTERM)
+    assert server_process.wait(60) == 0
+    time.sleep(1)
+    assert alive(server_children) == set()
