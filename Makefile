@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: setup setup-python setup-web setup-browser demo server test test-fast check bench clean
+.PHONY: setup setup-python setup-web setup-browser demo server test test-fast check clean
 
 setup: setup-python setup-web
 
@@ -52,9 +52,6 @@ test-fast: setup
 check: setup
 	$(BIN)/ruff check swarmhub server worker tests bench
 	$(BIN)/mypy swarmhub server worker
-
-bench: setup
-	$(BIN)/python bench/overhead.py
 
 clean:
 	rm -rf $(VENV) web/node_modules .swarmhub-demo

@@ -8,8 +8,11 @@ peer ID survives a server restart.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -72,7 +75,10 @@ class SwarmHost:
                 str(identity),
             ]
             # stdin stays open: the peer exits by itself when this process (and so the pipe) goes away.
-            process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            # Own session: a stuck peer and the processes hivemind forked for it can be killed as one group.
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+            )
             peer = Peer(run_id=run_id, process=process)
             self._peers[run_id] = peer
             threading.Thread(target=self._read, args=(peer,), daemon=True, name=f"peer-{run_id}").start()
@@ -121,7 +127,9 @@ def _terminate(process: subprocess.Popen[str], timeout: float) -> None:
     try:
         process.wait(timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
+        logger.warning("swarm peer %s did not stop in %.0f s: killing its process group", process.pid, timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     for stream in (process.stdin, process.stdout):
         if stream is not None:

@@ -68,21 +68,34 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
-    def watch_stdin() -> None:
+    # Watch the parent's pipe on a private copy of fd 0 and give fd 0 /dev/null: hivemind forks its DHT
+    # process, and a forked child that closes a stdin another thread is blocked reading would deadlock.
+    parent_pipe = os.dup(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+    def watch_parent() -> None:
         try:
-            while sys.stdin.read(1):
+            while os.read(parent_pipe, 1024):
                 pass
-        except (OSError, ValueError):
+        except OSError:
             pass
         stop.set()
 
-    threading.Thread(target=watch_stdin, daemon=True).start()
+    threading.Thread(target=watch_parent, daemon=True).start()
 
     kwargs: dict[str, Any] = {}
     if args.identity:
         os.makedirs(os.path.dirname(os.path.abspath(args.identity)), exist_ok=True)
         kwargs["identity_path"] = args.identity
     dht = hivemind.DHT(host_maddrs=[f"/ip4/{args.host}/tcp/{args.port}"], start=True, **kwargs)
+    # The same validators as the trainers' progress trackers: records are signed by each peer's key,
+    # and without the signature validator this node could neither store nor read them.
+    from hivemind.dht.schema import RSASignatureValidator, SchemaValidator
+    from hivemind.optim.progress_tracker import TrainingProgressSchema
+
+    dht.add_validators([SchemaValidator(TrainingProgressSchema, prefix=args.run_id), RSASignatureValidator()])
     try:
         _emit({"event": "ready", "maddrs": [str(m) for m in dht.get_visible_maddrs()]})
         while not stop.is_set():

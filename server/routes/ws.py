@@ -121,9 +121,10 @@ async def live(websocket: WebSocket, slug: str) -> None:
         return
     await websocket.accept()
     queue = app.state.live.subscribe(slug)
+    # Viewers send nothing: any message, or the close, ends the subscription.
+    receiver = asyncio.ensure_future(websocket.receive_text())
     try:
         await websocket.send_json(first)
-        receiver = asyncio.ensure_future(websocket.receive_text())  # notices the viewer leaving
         while True:
             getter = asyncio.ensure_future(queue.get())
             done, _ = await asyncio.wait({receiver, getter}, return_when=asyncio.FIRST_COMPLETED)
@@ -135,6 +136,9 @@ async def live(websocket: WebSocket, slug: str) -> None:
         pass
     finally:
         app.state.live.unsubscribe(slug, queue)
+        receiver.cancel()
+        if receiver.done() and not receiver.cancelled():
+            receiver.exception()  # retrieved, so asyncio does not log the viewer's disconnect as an error
 
 
 async def live_snapshot(app: Any, slug: str) -> dict[str, Any] | None:

@@ -1,0 +1,140 @@
+"""The volunteer's CLI against a real server (uvicorn on 127.0.0.1): login, whoami, experiments, logout,
+and the one-line failures of `join`."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from swarmhub.worker.cli import main
+
+from .conftest import PASSWORD, csrf_from, make_experiment, make_user
+
+
+@pytest.fixture
+def cli_env(tmp_path, live_server):
+    return {
+        "SWARMHUB_CONFIG_DIR": str(tmp_path / "config"),
+        "SWARMHUB_STATE_DIR": str(tmp_path / "state"),
+        "SWARMHUB_SERVER": None,
+        "SWARMHUB_TOKEN": None,
+    }
+
+
+def token_for(url, username="alice"):
+    response = httpx.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD})
+    return response.json()["access_token"]
+
+
+def run(args, env, input=None):
+    return CliRunner().invoke(main, args, env=env, input=input, catch_exceptions=False)
+
+
+def test_login_with_token_whoami_experiments_logout(db, live_server, cli_env, tmp_path):
+    owner = make_user(db)
+    make_experiment(db, owner, slug="open-run", status="running")
+    token = token_for(live_server.url)
+
+    login = run(["login", "--server", live_server.url, "--with-token"], cli_env, input=token + "\n")
+    assert login.exit_code == 0, login.output
+    assert f"Logged in to {live_server.url} as alice" in login.output
+    stored = tmp_path / "config" / "credentials.json"
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+    assert token not in login.output
+
+    assert run(["whoami"], cli_env).output.startswith(f"alice (admin) on {live_server.url}")
+    listing = run(["experiments"], cli_env).output
+    assert re.search(r"open-run\s+running\s+digits", listing)
+
+    logout = run(["logout"], cli_env)
+    assert logout.exit_code == 0
+    assert "token revoked on the server" in logout.output
+    assert not stored.exists()
+    me = httpx.get(f"{live_server.url}/api/me", headers={"Authorization": f"Bearer {token}"})
+    assert me.status_code == 401
+
+
+def test_login_with_a_bad_token_stores_nothing(live_server, cli_env, tmp_path):
+    result = run(["login", "--server", live_server.url, "--with-token"], cli_env, input="shb_wrong\n")
+    assert result.exit_code == 3
+    assert "swarmhub login" in result.output
+    assert not (tmp_path / "config" / "credentials.json").exists()
+
+
+def test_join_failures_are_one_line_with_the_next_step(db, live_server, cli_env):
+    owner = make_user(db)
+    make_experiment(db, owner, slug="on-hold", status="paused")
+    token = token_for(live_server.url)
+
+    not_logged_in = run(["join", "on-hold"], {**cli_env, "SWARMHUB_SERVER": live_server.url})
+    assert not_logged_in.exit_code == 3
+    assert not_logged_in.output.strip().splitlines() == [not_logged_in.output.strip()]
+    assert "swarmhub login" in not_logged_in.output
+
+    env = {**cli_env, "SWARMHUB_SERVER": live_server.url, "SWARMHUB_TOKEN": token}
+    unknown = run(["join", "no-such-run"], env)
+    assert unknown.exit_code == 4
+    assert "swarmhub experiments" in unknown.output
+
+    paused = run(["join", "on-hold"], env)
+    assert paused.exit_code == 6
+    assert "paused" in paused.output
+
+    httpx.delete(f"{live_server.url}/api/auth/token", headers={"Authorization": f"Bearer {token}"})
+    revoked = run(["join", "on-hold"], env)
+    assert revoked.exit_code == 3
+    assert "swarmhub login" in revoked.output
+    for result in (not_logged_in, unknown, paused, revoked):
+        assert "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_join_with_server_down_says_so(cli_env):
+    env = {**cli_env, "SWARMHUB_SERVER": "http://127.0.0.1:9", "SWARMHUB_TOKEN": "shb_x"}
+    result = run(["join", "some-run"], env)
+    assert result.exit_code == 5
+    assert "Cannot reach" in result.output
+
+
+def test_device_code_login_approved_in_the_browser(db, live_server, tmp_path):
+    make_user(db)
+    env = {**os.environ, "SWARMHUB_CONFIG_DIR": str(tmp_path / "config"), "SWARMHUB_STATE_DIR": str(tmp_path)}
+    env.pop("SWARMHUB_TOKEN", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "swarmhub.worker.cli", "login", "--server", live_server.url],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        code = None
+        for line in process.stdout:
+            match = re.search(r"enter the code ([A-Z]{4}-[A-Z]{4})", line)
+            if match:
+                code = match.group(1)
+                break
+        assert code, "the CLI should print a user code"
+        with httpx.Client(base_url=live_server.url) as browser:
+            form = csrf_from(browser.get("/login").text)
+            browser.post("/login", data={"username": "alice", "password": PASSWORD, "csrf_token": form})
+            page = browser.get("/device", params={"user_code": code})
+            assert code in page.text
+            approved = browser.post(
+                "/device", data={"user_code": code, "decision": "approve", "csrf_token": csrf_from(page.text)}
+            )
+            assert "Approved" in approved.text
+        output = process.communicate(timeout=60)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    assert "as alice" in output
+    assert stat.S_IMODE((tmp_path / "config" / "credentials.json").stat().st_mode) == 0o600
