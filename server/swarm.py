@@ -131,6 +131,7 @@ def _terminate(process: subprocess.Popen[str], timeout: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    for stream in (process.stdin, process.stdout):
-        if stream is not None:
-            stream.close()
+    if process.stdin is not None:
+        process.stdin.close()
+    # stdout is left to the reader thread, which sees EOF now that the peer is gone (closing it here
+    # would block on the lock that thread holds while reading).

@@ -147,8 +147,8 @@ def free_port() -> int:
 class LiveServer:
     """A real uvicorn server in a thread, for clients that need a socket (CLI, browser)."""
 
-    def __init__(self, app: Any):
-        self.port = free_port()
+    def __init__(self, app: Any, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

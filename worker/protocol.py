@@ -137,7 +137,7 @@ class DeviceCode(BaseModel):
 
 class TokenResponse(BaseModel):
     access_token: str
-    token_type: Literal["bearer"] = "bearer"
+    token_type: Literal["bearer"] = "bearer"  # noqa: S105 - the OAuth token type, not a secret
     username: str
 
 

@@ -53,7 +53,22 @@ def descendants(process: subprocess.Popen) -> set[int]:
 
 
 def alive(pids: set[int]) -> set[int]:
-    return {pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return {pid for pid in pids if running(pid)}
+
+
+def outlived(pids: set[int], grace: float = 10.0) -> set[int]:
+    """The processes still running after a short grace period (helpers such as torch_shm_manager take a
+    moment to notice that their parent is gone)."""
+    deadline = time.monotonic() + grace
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(pids)
 
 
 @pytest.fixture
@@ -123,7 +138,7 @@ def test_two_volunteers_train_together(server):
                 name,
                 out,
                 subprocess.Popen(
-                    [*SWARMHUB, "join", SLUG, "--max-steps", "160", "--listen", "/ip4/127.0.0.1/tcp/0"],
+                    [*SWARMHUB, "join", SLUG, "--max-steps", "40", "--listen", "/ip4/127.0.0.1/tcp/0"],
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -166,10 +181,10 @@ def test_two_volunteers_train_together(server):
 
     # Nothing the workers started outlives them; the server's swarm peer goes with the server.
     assert seen_children, "the workers should have started hivemind helper processes"
-    assert alive(seen_children) == set()
+    assert outlived(seen_children) == set()
     server_children = descendants(server_process)
     assert server_children, "the server should run a swarm peer for the running experiment"
     server_process.send_signal(signal.SIGTERM)
-    assert server_process.wait(60) == 0
-    time.sleep(1)
-    assert alive(server_children) == set()
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal: -SIGTERM is its clean exit.
+    assert server_process.wait(60) in (0, -signal.SIGTERM)
+    assert outlived(server_children) == set()

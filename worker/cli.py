@@ -1,0 +1,513 @@
+"""The ``swarmhub`` command line: log in, list experiments, join one and train with its swarm.
+
+Every failure is one line, ``Error: <what happened>: <what to do next>``, and a documented exit code
+(see :mod:`swarmhub.worker.client`); never a traceback. ``server``, ``admin`` and ``demo`` are thin
+wrappers around ``swarmhub.server.cli`` (the ``[server]`` extra), imported only when used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from types import FrameType
+from typing import IO, TYPE_CHECKING, Any, NoReturn
+
+import click
+from pydantic import SecretStr, ValidationError
+
+from .. import __version__
+from .client import ApiClient, ExitCode, WorkerError, normalize_server_url, not_accepting, not_logged_in
+from .credentials import (
+    StoredCredentials,
+    delete_credentials,
+    load_credentials,
+    resolve_credentials,
+    store_credentials,
+)
+from .protocol import SLUG_RE, JoinRequest, JoinResponse
+from .settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from .reporter import Reporter
+    from .training import Progress, TrainingSummary
+
+logger = logging.getLogger("swarmhub.worker")
+
+DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/0"
+SERVER_EXTRA_HINT = "The server needs the server extra: pip install 'swarmhub[server]'"
+PLAIN_PROGRESS_EVERY = 5.0  # seconds between progress lines when stdout is not a terminal
+USER_AGENT = f"swarmhub-worker/{__version__}"
+
+
+class _Cli(click.Group):
+    """Renders :class:`WorkerError` and Ctrl-C as one line and an exit code, for every command."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except WorkerError as exc:
+            _fail(exc.message, exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("\nInterrupted.", err=True)
+            raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a bug: still one line, no traceback on the volunteer's console
+            logger.debug("unexpected error", exc_info=True)
+            _fail(f"unexpected {type(exc).__name__}: {exc} (please report this bug)", ExitCode.ERROR)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"Error: {message}", err=True)
+    raise click.exceptions.Exit(code)
+
+
+def _settings() -> WorkerSettings:
+    try:
+        return WorkerSettings()
+    except ValidationError as exc:
+        fields = ", ".join("SWARMHUB_" + str(err["loc"][0]).upper() for err in exc.errors() if err["loc"])
+        raise WorkerError(f"Invalid setting in the environment: check {fields}", ExitCode.USAGE) from None
+
+
+def _authed_client(settings: WorkerSettings) -> tuple[ApiClient, str]:
+    """A client with the resolved token; exits 3 with the login hint when there is none."""
+    creds = resolve_credentials(settings)
+    if creds.token is None:
+        raise not_logged_in(creds.server)
+    if creds.server is None:
+        raise WorkerError(
+            "No server configured: run `swarmhub login --server URL` or set SWARMHUB_SERVER", ExitCode.AUTH
+        )
+    token = creds.token.get_secret_value()
+    return ApiClient(creds.server, token, user_agent=USER_AGENT), token
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="swarmhub")
+def main() -> None:
+    """Train deep-learning models together on donated hardware.
+
+    \b
+    Volunteers:  swarmhub login --server URL;  swarmhub experiments;  swarmhub join SLUG
+    Exit codes:  0 ok, 1 unexpected error, 2 usage, 3 authentication, 4 unknown experiment,
+                 5 server unreachable, 6 experiment not accepting volunteers, 130 Ctrl-C, 143 SIGTERM
+    """
+
+
+# -- account ----------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--server", "server_opt", metavar="URL", help="Server URL (default: SWARMHUB_SERVER or the last one)")
+@click.option("--with-token", is_flag=True, help="Read an API token from stdin instead of the browser flow")
+def login(server_opt: str | None, with_token: bool) -> None:
+    """Log in to a swarmhub server (device-code flow in the browser, or --with-token)."""
+    settings = _settings()
+    stored = load_credentials(settings.config_dir)
+    server = server_opt or settings.server or (stored.server if stored else None)
+    if not server:
+        raise WorkerError("No server given: run `swarmhub login --server URL`", ExitCode.USAGE)
+    server = normalize_server_url(server)
+    with ApiClient(server, user_agent=USER_AGENT) as client:
+        if with_token:
+            line = sys.stdin.readline().strip()
+            if not line:
+                raise WorkerError(
+                    "No token on stdin: pipe one in, e.g. `swarmhub login --with-token < token.txt`",
+                    ExitCode.USAGE,
+                )
+            username = client.me(token=line).username
+            token = line
+        else:
+            token, username = _device_flow(client)
+    path = store_credentials(
+        settings.config_dir, StoredCredentials(server=server, token=SecretStr(token), username=username)
+    )
+    click.echo(f"Logged in to {server} as {username} (credentials in {path})")
+    if settings.token is not None:
+        click.echo("Note: SWARMHUB_TOKEN is set and overrides the stored token.", err=True)
+
+
+def _device_flow(client: ApiClient) -> tuple[str, str]:
+    """RFC 8628: show the code, poll until the user approves it in the browser."""
+    code = client.device_code(f"swarmhub-cli on {socket.gethostname()}")
+    click.echo(f"Open this page in a browser and approve the login:\n\n    {code.verification_uri_complete}\n")
+    click.echo(f"(or go to {code.verification_uri} and enter the code {code.user_code})")
+    click.echo("Waiting for approval... (Ctrl-C to cancel)")
+    interval = max(code.interval, 1)
+    deadline = time.monotonic() + code.expires_in
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        answer = client.device_token(code.device_code)
+        if isinstance(answer, str):
+            if answer == "authorization_pending":
+                continue
+            if answer == "slow_down":
+                interval += 5
+                continue
+            if answer == "access_denied":
+                raise WorkerError(
+                    "The login was denied in the browser: run `swarmhub login` to try again", ExitCode.AUTH
+                )
+            if answer == "expired_token":
+                break
+            raise WorkerError(f"Login failed ({answer}): run `swarmhub login` to try again", ExitCode.AUTH)
+        return answer.access_token, answer.username
+    raise WorkerError("The login code expired before it was approved: run `swarmhub login` again", ExitCode.AUTH)
+
+
+@main.command()
+def logout() -> None:
+    """Revoke the stored token on the server (best effort) and delete it from this machine."""
+    settings = _settings()
+    stored = load_credentials(settings.config_dir)
+    if stored is None:
+        click.echo("Not logged in: nothing to remove.")
+    else:
+        revoked = ""
+        try:
+            with ApiClient(stored.server, stored.token.get_secret_value(), user_agent=USER_AGENT) as client:
+                client.revoke_token()
+            revoked = "token revoked on the server, "
+        except WorkerError as exc:
+            click.echo(f"Warning: could not revoke the token on the server ({exc.message})", err=True)
+        delete_credentials(settings.config_dir)
+        click.echo(f"Logged out of {stored.server}: {revoked}credentials removed from this machine.")
+    if settings.token is not None:
+        click.echo("Note: SWARMHUB_TOKEN is still set in your environment.", err=True)
+
+
+@main.command()
+def whoami() -> None:
+    """Show who you are logged in as, and where."""
+    settings = _settings()
+    client, _ = _authed_client(settings)
+    with client:
+        me = client.me()
+    role = " (admin)" if me.is_admin else ""
+    source = " [token from SWARMHUB_TOKEN]" if resolve_credentials(settings).source == "env" else ""
+    click.echo(f"{me.username}{role} on {client.server_url}{source}")
+
+
+@main.command()
+def experiments() -> None:
+    """List the server's experiments."""
+    settings = _settings()
+    creds = resolve_credentials(settings)
+    if not creds.server:
+        raise WorkerError(
+            "No server configured: run `swarmhub login --server URL` or set SWARMHUB_SERVER", ExitCode.USAGE
+        )
+    token = creds.token.get_secret_value() if creds.token else None
+    with ApiClient(creds.server, token, user_agent=USER_AGENT) as client:
+        items = client.experiments()
+    if not items:
+        click.echo(f"No experiments on {client.server_url} yet.")
+        return
+    rows = [("SLUG", "STATUS", "TASK", "TITLE")] + [(e.slug, e.status.value, e.task, e.title) for e in items]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        padded = [cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)]
+        click.echo("  ".join([*padded, row[3]]))
+
+
+# -- join ---------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("slug")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--max-steps", type=click.IntRange(min=1), help="Stop after this many local steps")
+@click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True), help="Stop after this long")
+@click.option(
+    "--listen",
+    "listen",
+    multiple=True,
+    default=(DEFAULT_LISTEN,),
+    show_default=True,
+    metavar="MADDR",
+    help="hivemind listen multiaddr (repeatable)",
+)
+@click.option("--verbose", is_flag=True, help="Show hivemind's logs on the console instead of the log file")
+def join(
+    slug: str,
+    device: str,
+    max_steps: int | None,
+    max_minutes: float | None,
+    listen: Sequence[str],
+    verbose: bool,
+) -> None:
+    """Join experiment SLUG and train with its swarm until stopped (Ctrl-C leaves cleanly)."""
+    settings = _settings()
+    client, token = _authed_client(settings)
+    if not SLUG_RE.match(slug):
+        raise WorkerError(
+            f"{slug!r} is not an experiment name: run `swarmhub experiments` to list them", ExitCode.USAGE
+        )
+    from .reporter import Reporter
+    from .training import resolve_device
+
+    torch_device = resolve_device(device)
+    with client:
+        joined = client.join(slug, JoinRequest(device=torch_device.type, client_version=__version__))
+    click.echo(
+        f"Joined {slug!r} ({joined.experiment.title}) as {joined.username}: training "
+        f"{joined.experiment.task} on {torch_device}. Ctrl-C to leave."
+    )
+    reporter = Reporter.for_join(client.server_url, token, joined).start()
+    code = run_session(
+        joined,
+        device=str(torch_device),
+        listen_maddrs=listen,
+        max_steps=max_steps,
+        max_minutes=max_minutes,
+        reporter=reporter,
+        log_path=settings.logs_dir / f"{slug}.log",
+        verbose=verbose,
+        restore_stderr=False,  # the process exits next
+    )
+    raise click.exceptions.Exit(code)
+
+
+def run_session(
+    joined: JoinResponse,
+    *,
+    device: str = "auto",
+    listen_maddrs: Sequence[str] = (DEFAULT_LISTEN,),
+    max_steps: int | None = None,
+    max_minutes: float | None = None,
+    reporter: Reporter | None = None,
+    log_path: Path,
+    verbose: bool = False,
+    out: IO[str] | None = None,
+    restore_stderr: bool = True,
+) -> int:
+    """Train with the swarm as ``swarmhub join`` does, and return the exit code.
+
+    Owns the process for the duration: hivemind's logs and the stderr of its child processes go to
+    ``log_path`` (unless ``verbose``), SIGINT/SIGTERM stop training cleanly (a second Ctrl-C forces), one
+    progress line goes to ``out`` (stdout), and ``reporter`` (if any) is flushed and closed before returning.
+    A command that exits right after passes ``restore_stderr=False``: fd 2 then stays on the log file, which
+    keeps hivemind's noise at interpreter exit out of the console.
+    """
+    from .training import StopReason, train
+
+    out = out or sys.stdout
+    stop = threading.Event()
+    summary: TrainingSummary | None = None
+    error: WorkerError | None = None
+    with _swarm_logging(log_path, verbose, restore_stderr) as console:
+        line = _ProgressLine(out)
+        with _stop_on_signals(stop, console) as received:
+            try:
+                where = "" if verbose else f" (hivemind's log: {log_path})"
+                console.write(f"Connecting to the swarm...{where}\n")
+                summary = train(
+                    joined,
+                    device=device,
+                    listen_maddrs=listen_maddrs,
+                    max_steps=max_steps,
+                    max_minutes=max_minutes,
+                    reporter=reporter,
+                    on_progress=line.update,
+                    stop_event=stop,
+                )
+            except WorkerError as exc:
+                error = exc
+            except KeyboardInterrupt:  # forced by a second Ctrl-C (train has shut hivemind down)
+                pass
+            except Exception as exc:
+                logger.exception("training failed")
+                error = WorkerError(f"training failed ({type(exc).__name__}: {exc})", ExitCode.ERROR)
+            finally:
+                line.finish()
+                if reporter is not None:
+                    reporter.close(timeout=5.0)
+        first_signal = received[0] if received else None
+
+        if summary is not None:
+            loss = f", loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
+            console.write(
+                f"Done: {summary.steps:,} steps, {summary.samples:,} samples contributed, "
+                f"swarm epoch {summary.epoch}{loss}.\n"
+            )
+            if summary.stop_reason == StopReason.control and summary.control is not None:
+                logger.info("stopped by the server: %s", summary.control.message)
+                error = not_accepting(joined.experiment.slug, summary.control.status.value)
+            elif summary.stop_reason == StopReason.fatal and summary.fatal is not None:
+                error = summary.fatal
+        if error is not None and first_signal is None:
+            where = "" if verbose else f" (log: {log_path})"
+            console.write(f"Error: {error.message}{where}\n")
+            return error.exit_code
+        if first_signal == signal.SIGINT:
+            console.write("Left the swarm (Ctrl-C).\n")
+            return ExitCode.INTERRUPTED
+        if first_signal is not None:
+            console.write("Left the swarm (SIGTERM).\n")
+            return ExitCode.TERMINATED
+        return ExitCode.OK
+
+
+class _ProgressLine:
+    """One live line: '\\r'-updated on a terminal, otherwise a plain line at most every few seconds."""
+
+    def __init__(self, stream: IO[str]):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self._last_plain = -PLAIN_PROGRESS_EVERY
+        self._dirty = False
+
+    def update(self, p: Progress) -> None:
+        averaged = f" (averaged with {p.averaged_peers})" if p.averaged_peers else ""
+        text = (
+            f"epoch {p.epoch} | {p.peers} peers{averaged} | {p.samples:,} samples | loss {p.loss:.4f} | "
+            f"{p.samples_per_second:,.0f} samples/s"
+        )
+        if self.tty:
+            self.stream.write("\r" + text + "\x1b[K")
+            self._dirty = True
+        elif time.monotonic() - self._last_plain >= PLAIN_PROGRESS_EVERY:
+            self._last_plain = time.monotonic()
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        if self._dirty:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._dirty = False
+
+
+@contextlib.contextmanager
+def _swarm_logging(log_path: Path, verbose: bool, restore: bool) -> Iterator[IO[str]]:
+    """Route hivemind's logs and fd 2 (inherited by its child processes) to ``log_path``.
+
+    Yields the console for our own messages: a duplicate of the original stderr. With ``restore=False``
+    fd 2 stays on the log file afterwards: hivemind's leftovers still print noise ("Task was destroyed but
+    it is pending!") when the interpreter exits.
+    """
+    from hivemind.utils.logging import use_hivemind_log_handler
+
+    use_hivemind_log_handler("in_root_logger")
+    if verbose:
+        yield sys.stderr
+        return
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    console = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.write(
+        log_fd,
+        f"\n=== swarmhub {__version__} session {datetime.now(timezone.utc).isoformat()} ===\n".encode(),
+    )
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    try:
+        yield console
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        if restore:
+            os.dup2(saved, 2)
+        os.close(saved)
+        console.close()
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event, console: IO[str]) -> Iterator[list[int]]:
+    """SIGINT/SIGTERM set ``stop`` (training leaves the swarm cleanly); a second one raises KeyboardInterrupt.
+
+    Yields the list of signals received, first one first (it decides the exit code).
+    """
+    received: list[int] = []
+    owner = os.getpid()
+    try:
+        console_fd = console.fileno()
+    except (OSError, ValueError):
+        console_fd = None
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner:
+            # A process hivemind forked (DHT, averagers) inherited this handler: there the signal must do
+            # what hivemind expects (its shutdown terminates a slow child with SIGTERM).
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        first = not received
+        received.append(signum)
+        # os.write, not console.write: a signal handler may interrupt a write to the same buffered file
+        if first:
+            stop.set()
+            note = "\nStopping: leaving the swarm cleanly (press Ctrl-C again to force)...\n"
+        else:
+            note = "\nForcing the stop.\n"
+        if console_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(console_fd, note.encode())
+        if not first:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+# -- server-side commands (the [server] extra) --------------------------------------------------------------
+
+
+def _server_cli() -> Any:
+    try:
+        from ..server import cli as server_cli
+    except ImportError as exc:
+        if exc.name and exc.name.startswith("swarmhub") and exc.name != "swarmhub.server.cli":
+            raise
+        click.echo(SERVER_EXTRA_HINT, err=True)
+        raise click.exceptions.Exit(ExitCode.ERROR) from None
+    return server_cli
+
+
+def _exit_with(result: Any) -> None:
+    if isinstance(result, int) and result != 0:
+        raise click.exceptions.Exit(result)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--database-url", default=None, help="SQLAlchemy URL (default: SWARMHUB_DATABASE_URL or SQLite)")
+def server(host: str, port: int, database_url: str | None) -> None:
+    """Run the swarmhub server (needs the [server] extra)."""
+    _exit_with(_server_cli().run_server(host, port, database_url))
+
+
+@main.command()
+@click.argument("username")
+@click.option("--password-stdin", is_flag=True, help="Read the password from stdin")
+def admin(username: str, password_stdin: bool) -> None:
+    """Create or promote an admin account on the server's database (needs the [server] extra)."""
+    _exit_with(_server_cli().run_admin(username, password_stdin))
+
+
+@main.command()
+def demo() -> None:
+    """Start a server, a demo experiment and two local workers (needs the [server] extra)."""
+    _exit_with(_server_cli().run_demo())
+
+
+if __name__ == "__main__":  # `python -m swarmhub.worker.cli`, as `swarmhub demo` runs its workers
+    main(prog_name="swarmhub")

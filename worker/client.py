@@ -1,0 +1,278 @@
+"""The worker's HTTP client for the swarmhub server, and the one error type the CLI renders.
+
+Every failure becomes a :class:`WorkerError` whose message tells the volunteer what to do next, and whose
+exit code is one of these (documented in the README and reused by every command):
+
+====  ==========================================================================================
+code  meaning
+====  ==========================================================================================
+0     ok
+1     unexpected error (a bug: please report it)
+2     usage (bad option or argument, no server configured)
+3     authentication: not logged in, token rejected, login denied or expired
+4     not found: unknown experiment (or a task this install lacks)
+5     server unreachable or server error (also: the swarm's bootstrap peers did not answer)
+6     experiment not accepting volunteers (not running, or stopped by its organizer while joined)
+130   interrupted by Ctrl-C
+143   terminated by SIGTERM
+====  ==========================================================================================
+"""
+
+from __future__ import annotations
+
+import time
+from enum import IntEnum
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from .protocol import DeviceCode, ExperimentSummary, JoinRequest, JoinResponse, Me, TokenResponse
+
+T = TypeVar("T")
+
+JOIN_RETRY_SECONDS = 60.0  # how long `join` waits for an experiment's swarm peer to start (HTTP 503)
+# The server may hold a join while it starts the swarm peer: a longer read timeout than other calls.
+JOIN_TIMEOUT = httpx.Timeout(15.0, read=60.0)
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+    AUTH = 3
+    NOT_FOUND = 4
+    UNREACHABLE = 5
+    NOT_ACCEPTING = 6
+    INTERRUPTED = 130
+    TERMINATED = 143
+
+
+class WorkerError(Exception):
+    """A failure the volunteer can act on: ``message`` says what to do next, ``exit_code`` is documented."""
+
+    def __init__(self, message: str, exit_code: int = ExitCode.ERROR):
+        super().__init__(message)
+        self.message = message
+        self.exit_code = int(exit_code)
+
+
+def not_logged_in(server: str | None = None) -> WorkerError:
+    where = server or "URL"
+    return WorkerError(f"Not logged in: run `swarmhub login --server {where}`", ExitCode.AUTH)
+
+
+def token_rejected() -> WorkerError:
+    return WorkerError("Your token was rejected (revoked or expired): run `swarmhub login` again", ExitCode.AUTH)
+
+
+def unknown_experiment(slug: str, server: str) -> WorkerError:
+    return WorkerError(
+        f"No experiment {slug!r} on {server}: run `swarmhub experiments` to list them", ExitCode.NOT_FOUND
+    )
+
+
+def not_accepting(slug: str, status: str) -> WorkerError:
+    return WorkerError(
+        f"Experiment {slug!r} is {status}: the organizer is not accepting volunteers now", ExitCode.NOT_ACCEPTING
+    )
+
+
+def normalize_server_url(url: str) -> str:
+    """``https://host/`` -> ``https://host``; refuse anything that is not http(s)."""
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
+        raise WorkerError(
+            f"Server URL {url!r} must start with http:// or https:// (for example http://127.0.0.1:8000)",
+            ExitCode.USAGE,
+        )
+    return url
+
+
+def _detail(response: httpx.Response) -> str:
+    """The human part of an error body: ``{"detail": "..."}``, FastAPI's 422 list, or ``{"error": ...}``."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:200]
+    if isinstance(body, dict):
+        detail = body.get("detail", body.get("error", ""))
+        if isinstance(detail, list):
+            return "; ".join(str(item.get("msg", item)) if isinstance(item, dict) else str(item) for item in detail)
+        return str(detail)
+    return str(body)[:200]
+
+
+def _retry_after(response: httpx.Response, default: float = 2.0) -> float:
+    try:
+        return min(max(float(response.headers.get("retry-after", default)), 0.5), 10.0)
+    except ValueError:
+        return default
+
+
+class ApiClient:
+    """Synchronous client for the server's JSON API. Use as a context manager or call :meth:`close`."""
+
+    def __init__(
+        self,
+        server_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 15.0,
+        user_agent: str = "swarmhub-worker",
+    ):
+        self.server_url = normalize_server_url(server_url)
+        self._token = token
+        headers = {"User-Agent": user_agent, "Accept": "application/json"}
+        self._http = httpx.Client(base_url=self.server_url, timeout=timeout, headers=headers)
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- plumbing -------------------------------------------------------------------------------------
+
+    def _send(
+        self, method: str, path: str, *, auth: bool | None = False, token: str | None = None, **kw: Any
+    ) -> httpx.Response:
+        """``auth=True`` needs a token; ``None`` sends one when there is one (public endpoints show a
+        logged-in user more, e.g. their own drafts)."""
+        headers = dict(kw.pop("headers", {}) or {})
+        bearer = token if token is not None else self._token
+        if auth or token is not None or (auth is None and bearer):
+            if not bearer:
+                raise not_logged_in(self.server_url)
+            headers["Authorization"] = f"Bearer {bearer}"
+        try:
+            return self._http.request(method, path, headers=headers, **kw)
+        except httpx.TimeoutException as exc:
+            raise WorkerError(
+                f"{self.server_url} did not answer in time ({type(exc).__name__}): try again later, "
+                "or check --server or SWARMHUB_SERVER",
+                ExitCode.UNREACHABLE,
+            ) from None
+        except httpx.TransportError:
+            raise WorkerError(
+                f"Cannot reach {self.server_url}: is the server running? check --server or SWARMHUB_SERVER",
+                ExitCode.UNREACHABLE,
+            ) from None
+
+    def _raise_for_status(self, response: httpx.Response, *, slug: str | None = None) -> None:
+        status = response.status_code
+        if status < 400:
+            return
+        detail = _detail(response)
+        if status == 401:
+            raise token_rejected()
+        if status == 403:
+            raise WorkerError(f"Not allowed: {detail or 'forbidden'}", ExitCode.AUTH)
+        if status == 404 and slug is not None:
+            raise unknown_experiment(slug, self.server_url)
+        if status == 404:
+            raise WorkerError(
+                f"{self.server_url} has no {response.request.url.path}: is it a swarmhub server? "
+                "check --server or SWARMHUB_SERVER",
+                ExitCode.UNREACHABLE,
+            )
+        if status >= 500:
+            raise WorkerError(
+                f"The server at {self.server_url} failed (HTTP {status}): try again later",
+                ExitCode.UNREACHABLE,
+            )
+        raise WorkerError(
+            f"The server refused the request (HTTP {status}: {detail}): "
+            "is this swarmhub version compatible? try `pip install -U swarmhub`",
+            ExitCode.ERROR,
+        )
+
+    def _parse(self, model: type[T] | TypeAdapter[T], response: httpx.Response) -> T:
+        try:
+            if isinstance(model, TypeAdapter):
+                return model.validate_json(response.content)
+            assert issubclass(model, BaseModel)  # noqa: S101 - narrows the type for mypy
+            return model.model_validate_json(response.content)  # type: ignore[return-value]
+        except ValidationError:
+            raise WorkerError(
+                f"Unexpected answer from {self.server_url}{response.request.url.path}: "
+                "is it a swarmhub server of a compatible version? try `pip install -U swarmhub`",
+                ExitCode.UNREACHABLE,
+            ) from None
+
+    # -- endpoints ------------------------------------------------------------------------------------
+
+    def device_code(self, client_name: str) -> DeviceCode:
+        response = self._send("POST", "/api/auth/device/code", json={"client_name": client_name})
+        self._raise_for_status(response)
+        return self._parse(DeviceCode, response)
+
+    def device_token(self, device_code: str) -> TokenResponse | str:
+        """A token once the user approved, else the RFC 8628 error string (``authorization_pending``...)."""
+        response = self._send("POST", "/api/auth/device/token", json={"device_code": device_code})
+        if response.status_code == 400:
+            try:
+                error = response.json().get("error")
+            except (ValueError, AttributeError):
+                error = None
+            if isinstance(error, str):
+                return error
+        self._raise_for_status(response)
+        return self._parse(TokenResponse, response)
+
+    def me(self, token: str | None = None) -> Me:
+        response = self._send("GET", "/api/me", auth=True, token=token)
+        self._raise_for_status(response)
+        return self._parse(Me, response)
+
+    def revoke_token(self) -> None:
+        response = self._send("DELETE", "/api/auth/token", auth=True)
+        self._raise_for_status(response)
+
+    def experiments(self) -> list[ExperimentSummary]:
+        response = self._send("GET", "/api/experiments", auth=None)
+        self._raise_for_status(response)
+        return self._parse(TypeAdapter(list[ExperimentSummary]), response)
+
+    def experiment(self, slug: str) -> ExperimentSummary:
+        response = self._send("GET", f"/api/experiments/{quote(slug, safe='')}", auth=None)
+        self._raise_for_status(response, slug=slug)
+        return self._parse(ExperimentSummary, response)
+
+    def join(self, slug: str, request: JoinRequest, *, retry_for: float = JOIN_RETRY_SECONDS) -> JoinResponse:
+        """Join an experiment; waits (up to ``retry_for`` s) while the server starts its swarm peer (503)."""
+        path = f"/api/experiments/{quote(slug, safe='')}/join"
+        deadline = time.monotonic() + retry_for
+        while True:
+            response = self._send("POST", path, auth=True, json=request.model_dump(mode="json"), timeout=JOIN_TIMEOUT)
+            if response.status_code == 503 and time.monotonic() < deadline:
+                time.sleep(min(_retry_after(response), max(deadline - time.monotonic(), 0.1)))
+                continue
+            break
+        if response.status_code == 409:
+            try:  # the 409's detail is free text: ask for the status to name it exactly
+                status = self.experiment(slug).status.value
+            except WorkerError:
+                status = "not running"
+            raise not_accepting(slug, status)
+        if response.status_code == 503:
+            raise WorkerError(
+                f"The swarm of {slug!r} did not start within {retry_for:.0f} s: try again in a minute",
+                ExitCode.UNREACHABLE,
+            )
+        self._raise_for_status(response, slug=slug)
+        return self._parse(JoinResponse, response)
+
+
+def report_url(server_url: str, join: JoinResponse) -> str:
+    """The websocket URL for metric reports: http->ws, https->wss, plus the join's path and worker id."""
+    base = normalize_server_url(server_url)
+    scheme, rest = base.split("://", 1)
+    ws_scheme = "wss" if scheme == "https" else "ws"
+    path = join.report_path if join.report_path.startswith("/") else "/" + join.report_path
+    separator = "&" if "?" in path else "?"
+    return f"{ws_scheme}://{rest}{path}{separator}worker_id={quote(join.worker_id, safe='')}"

@@ -1,0 +1,45 @@
+"""The worker's settings: one typed object, built by the CLI from the environment (prefix ``SWARMHUB_``).
+
+Nothing here reads the environment at import time: ``WorkerSettings()`` does, when the CLI constructs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from platformdirs import user_config_dir, user_state_dir
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+APP_NAME = "swarmhub"
+
+
+class WorkerSettings(BaseSettings):
+    """``SWARMHUB_SERVER`` and ``SWARMHUB_TOKEN`` override the stored credentials when set."""
+
+    model_config = SettingsConfigDict(env_prefix="SWARMHUB_", extra="ignore")
+
+    server: str | None = Field(default=None, description="Server URL, e.g. https://swarm.example.org")
+    token: SecretStr | None = Field(default=None, description="API token (overrides the stored one)")
+    # platformdirs honours XDG_CONFIG_HOME / XDG_STATE_HOME; the factories run at construction, not import.
+    config_dir: Path = Field(default_factory=lambda: Path(user_config_dir(APP_NAME)))
+    state_dir: Path = Field(default_factory=lambda: Path(user_state_dir(APP_NAME)), description="Logs")
+
+    @field_validator("server", mode="before")
+    @classmethod
+    def _blank_server_is_unset(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.strip()
+            return value.rstrip("/") or None
+        return value
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _blank_token_is_unset(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value.strip() if isinstance(value, str) else value
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"

@@ -1,0 +1,378 @@
+"""The training loop: one hivemind peer that trains an experiment's task with the swarm.
+
+:func:`train` builds the task's model, joins the swarm's DHT through the server's bootstrap peers, wraps a
+torch optimizer in ``hivemind.Optimizer`` (the DeDLOC recipe: accumulate until the swarm has
+``target_batch_size`` samples, then average gradients with the peers that are there), and reports progress.
+It always leaves the swarm cleanly: ``Optimizer.shutdown()`` then ``DHT.shutdown()``, whatever stops it;
+otherwise hivemind leaves four orphan processes (the DHT, ``p2pd`` and two averagers).
+
+It imports torch and hivemind: keep it out of the CLI's import path until a command needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+import re
+import signal
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import partial
+from typing import Any, Protocol
+
+import torch
+from pydantic import ValidationError
+
+from .client import ExitCode, WorkerError
+from .protocol import Control, JoinResponse, MetricReport, OptimizerName, TrainingSettings
+from .tasks import Task, UnknownTask, get_task
+
+logger = logging.getLogger(__name__)
+
+REPORT_EVERY_SECONDS = 2.0
+SPEED_WINDOW_SECONDS = 10.0
+OPTIMIZER_LOGGER = "hivemind.optim.optimizer"
+_AVERAGED_RE = re.compile(r"Averaged gradients with (\d+) peers")
+_OPTIMIZERS = {
+    OptimizerName.adam: torch.optim.Adam,
+    OptimizerName.adamw: torch.optim.AdamW,
+    OptimizerName.sgd: torch.optim.SGD,
+}
+
+
+class ReporterLike(Protocol):
+    """What the loop needs from :class:`swarmhub.worker.reporter.Reporter`."""
+
+    def report(self, msg: MetricReport) -> None: ...
+
+    @property
+    def control(self) -> Control | None: ...
+
+    @property
+    def fatal(self) -> WorkerError | None: ...
+
+
+class StopReason(str, Enum):
+    max_steps = "max_steps"
+    max_minutes = "max_minutes"
+    stop_event = "stop_event"  # Ctrl-C / SIGTERM, or the caller
+    control = "control"  # the organizer paused or finished the experiment
+    fatal = "fatal"  # the reporter cannot go on (token rejected, worker unknown)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot for the console line; ``loss`` is the mean over the steps since the previous snapshot."""
+
+    step: int
+    samples: int
+    epoch: int
+    loss: float
+    samples_per_second: float
+    peers: int
+    averaged_peers: int
+    elapsed: float
+
+
+@dataclass
+class TrainingSummary:
+    steps: int = 0
+    samples: int = 0
+    epoch: int = 0
+    first_loss: float | None = None  # mean loss of the first report window
+    last_loss: float | None = None  # mean loss of the last report window
+    averaging_rounds: dict[int, int] = field(default_factory=dict)  # group size -> successful rounds
+    stop_reason: StopReason = StopReason.max_steps
+    control: Control | None = None
+    fatal: WorkerError | None = None
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto`` is CUDA when available, else the CPU. Asking for CUDA without one is a usage error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise WorkerError("CUDA is not available on this machine: use --device cpu", ExitCode.USAGE)
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise WorkerError(f"Unknown device {name!r}: use auto, cpu or cuda", ExitCode.USAGE) from None
+
+
+def optimizer_factory(settings: TrainingSettings) -> Callable[[Any], torch.optim.Optimizer]:
+    """hivemind builds the torch optimizer itself (on its offloaded copy of the parameters)."""
+    return partial(_OPTIMIZERS[settings.optimizer], lr=settings.learning_rate)
+
+
+def load_task(name: str, params: dict[str, Any]) -> Task:
+    """The experiment's task, built from its parameters; a task this install lacks is the volunteer's to fix."""
+    try:
+        return get_task(name)(params)
+    except UnknownTask as exc:
+        raise WorkerError(
+            f"This experiment trains the task {name!r}, which is not installed here ({exc}): install the package "
+            "that provides it, or upgrade: pip install -U swarmhub",
+            ExitCode.NOT_FOUND,
+        ) from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "params"
+        raise WorkerError(
+            f"The experiment's parameters for task {name!r} do not fit the installed version "
+            f"({where}: {first['msg']}): upgrade: pip install -U swarmhub",
+            ExitCode.ERROR,
+        ) from None
+
+
+def data_seed(worker_id: str) -> int:
+    """Each worker run sees the data in its own order."""
+    return int.from_bytes(hashlib.sha256(worker_id.encode()).digest()[:4], "big")
+
+
+class _AveragingWatcher(logging.Handler):
+    """Reads the group size of each gradient averaging round from hivemind.Optimizer's status log.
+
+    hivemind has no public counter for it; its status line is the documented trace. With ``verbose=False``
+    that line is logged at DEBUG, so the logger is opened to DEBUG while the watcher is attached (the module
+    logs nothing else at DEBUG) and restored afterwards. Attached directly: hivemind's loggers may not
+    propagate.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.last_group = 0
+        self.rounds: Counter[int] = Counter()
+        self._logger = logging.getLogger(OPTIMIZER_LOGGER)
+        self._saved_level = logging.NOTSET
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = _AVERAGED_RE.search(record.getMessage())
+        if match:
+            self.last_group = int(match.group(1))
+            self.rounds[self.last_group] += 1
+
+    def __enter__(self) -> _AveragingWatcher:
+        self._saved_level = self._logger.level
+        if not self._logger.isEnabledFor(logging.DEBUG):
+            self._logger.setLevel(logging.DEBUG)
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._saved_level)
+
+
+@contextlib.contextmanager
+def _sigint_handler_kept() -> Iterator[None]:
+    """hivemind's averagers set SIGINT to SIG_IGN in the *calling* process when they start (so that their
+    children ignore Ctrl-C) and never restore it: without this, Ctrl-C would no longer stop the worker."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def train(
+    join: JoinResponse,
+    *,
+    device: str | torch.device = "auto",
+    listen_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
+    max_steps: int | None = None,
+    max_minutes: float | None = None,
+    reporter: ReporterLike | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    stop_event: threading.Event | None = None,
+) -> TrainingSummary:
+    """Train ``join.experiment`` with the swarm until a limit, ``stop_event``, or the server says stop.
+
+    Reports a :class:`MetricReport` (``seq`` from 0) to ``reporter`` on every swarm epoch change and at
+    least every ~2 s, and passes the same numbers to ``on_progress``. Raises :class:`WorkerError` when the
+    swarm cannot be reached. Shuts the hivemind peer down before returning or raising.
+    """
+    import hivemind  # heavy: only when training starts
+
+    started = time.monotonic()
+    deadline = started + max_minutes * 60 if max_minutes is not None else math.inf
+    stop_event = stop_event or threading.Event()
+    cfg = join.experiment
+    torch_device = device if isinstance(device, torch.device) else resolve_device(device)
+
+    task = load_task(cfg.task, cfg.task_params)
+    model = task.build_model().to(torch_device)
+    batches = task.batches(seed=data_seed(join.worker_id))
+    summary = TrainingSummary()
+
+    def should_stop() -> StopReason | None:
+        if stop_event.is_set():
+            return StopReason.stop_event
+        if reporter is not None and reporter.control is not None:
+            summary.control = reporter.control
+            return StopReason.control
+        if reporter is not None and reporter.fatal is not None:
+            summary.fatal = reporter.fatal
+            return StopReason.fatal
+        if max_steps is not None and summary.steps >= max_steps:
+            return StopReason.max_steps
+        if time.monotonic() >= deadline:
+            return StopReason.max_minutes
+        return None
+
+    dht = opt = None
+    with _AveragingWatcher() as watcher:
+        try:
+            try:
+                dht = hivemind.DHT(initial_peers=list(join.initial_peers), host_maddrs=list(listen_maddrs), start=True)
+            except Exception as exc:
+                logger.exception("could not start the DHT")
+                why = " ".join(str(exc).split())[:200] or type(exc).__name__
+                raise WorkerError(
+                    f"Could not join the swarm ({why}): is the server's swarm port reachable from here? "
+                    "check --listen too",
+                    ExitCode.UNREACHABLE,
+                ) from None
+            with _sigint_handler_kept():
+                opt = hivemind.Optimizer(
+                    dht=dht,
+                    run_id=join.run_id,
+                    params=list(task.parameter_groups(model)),
+                    optimizer=optimizer_factory(cfg),
+                    batch_size_per_step=task.batch_size,
+                    target_batch_size=cfg.target_batch_size,
+                    matchmaking_time=cfg.matchmaking_time,
+                    averaging_timeout=cfg.averaging_timeout,
+                    verbose=False,
+                )
+            if should_stop() is None:
+                opt.load_state_from_peers()  # a late joiner catches up with the swarm's weights and epoch
+            _loop(
+                opt,
+                task,
+                model,
+                batches,
+                torch_device,
+                summary,
+                watcher,
+                reporter,
+                on_progress,
+                should_stop,
+                pause=stop_event.wait,
+                min_epoch_seconds=cfg.matchmaking_time,
+            )
+        finally:
+            summary.averaging_rounds = dict(watcher.rounds)
+            try:
+                if opt is not None:
+                    opt.shutdown()
+            finally:
+                if dht is not None:
+                    dht.shutdown()
+    return summary
+
+
+def _loop(
+    opt: Any,
+    task: Any,
+    model: torch.nn.Module,
+    batches: Any,
+    device: torch.device,
+    summary: TrainingSummary,
+    watcher: _AveragingWatcher,
+    reporter: ReporterLike | None,
+    on_progress: Callable[[Progress], None] | None,
+    should_stop: Callable[[], StopReason | None],
+    *,
+    pause: Callable[[float], Any],
+    min_epoch_seconds: float,
+) -> None:
+    started = time.monotonic()
+    last_epoch_change = started
+    seq = 0
+    window_losses: list[float] = []
+    window_start = started
+    # (time, samples) at each report: the speed is measured over the last SPEED_WINDOW_SECONDS, never over
+    # one short window (a step right after an averaging round would read as a burst of thousands per second).
+    history: deque[tuple[float, int]] = deque([(started, 0)])
+    last_epoch = opt.local_epoch
+    summary.epoch = last_epoch
+
+    def publish(now: float) -> None:
+        nonlocal seq, window_losses, window_start
+        if not window_losses:
+            return
+        loss = sum(window_losses) / len(window_losses)
+        history.append((now, summary.samples))
+        while len(history) > 2 and now - history[1][0] >= SPEED_WINDOW_SECONDS:
+            history.popleft()
+        since, samples_then = history[0]
+        speed = (summary.samples - samples_then) / max(now - since, 1e-3)
+        window_losses, window_start = [], now
+        if not math.isfinite(loss):
+            logger.warning("non-finite loss %r at step %d: not reported", loss, summary.steps)
+            return
+        if summary.first_loss is None:
+            summary.first_loss = loss
+        summary.last_loss = loss
+        peers = max(opt.tracker.global_progress.num_peers, 1)  # this peer, before the tracker has seen it
+        progress = Progress(
+            step=summary.steps,
+            samples=summary.samples,
+            epoch=summary.epoch,
+            loss=loss,
+            samples_per_second=speed,
+            peers=peers,
+            averaged_peers=watcher.last_group,
+            elapsed=now - started,
+        )
+        if reporter is not None:
+            reporter.report(
+                MetricReport(
+                    seq=seq,
+                    step=progress.step,
+                    epoch=progress.epoch,
+                    samples=progress.samples,
+                    loss=loss,
+                    samples_per_second=min(speed, 1e9),
+                    peers=peers,
+                    averaged_peers=progress.averaged_peers,
+                )
+            )
+            seq += 1
+        if on_progress is not None:
+            on_progress(progress)
+
+    model.train()
+    while (reason := should_stop()) is None:
+        batch = next(batches)
+        loss = task.loss(model, batch, device)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        summary.steps += 1
+        summary.samples += task.batch_size
+        window_losses.append(float(loss.detach()))
+        summary.epoch = opt.local_epoch
+        now = time.monotonic()
+        if summary.epoch != last_epoch or now - window_start >= REPORT_EVERY_SECONDS:
+            if summary.epoch != last_epoch:
+                # hivemind schedules each averaging round `matchmaking_time` before an epoch ends. Epochs
+                # shorter than that (a tiny model, or a peer that believes it is alone) cancel rounds as fast
+                # as they are scheduled, which wedges hivemind 1.1.12's matchmaking for good ("aclose():
+                # asynchronous generator is already running", then every round fails). Real workloads
+                # never wait here.
+                pause(max(last_epoch_change + min_epoch_seconds - now, 0.0))
+                last_epoch_change = now = time.monotonic()
+            last_epoch = summary.epoch
+            publish(now)
+    summary.stop_reason = reason
+    publish(time.monotonic())  # the last partial window
