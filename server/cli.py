@@ -25,7 +25,7 @@ from .models import User
 from .settings import Settings
 
 
-def run_server(host: str, port: int, database_url: str | None) -> None:
+def run_server(host: str, port: int, database_url: str | None, log_level: str = "info") -> None:
     import uvicorn
 
     from .app import create_app
@@ -33,7 +33,7 @@ def run_server(host: str, port: int, database_url: str | None) -> None:
     overrides = {"database_url": database_url} if database_url else {}
     settings = Settings(**overrides)
     click.echo(f"swarmhub on http://{host}:{port} (database: {_redact(settings.database_url)})")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info", ws_max_size=64 * 1024)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, ws_max_size=64 * 1024)
 
 
 def _redact(url: str) -> str:
@@ -90,7 +90,9 @@ def _seed_demo(database_url: str) -> tuple[str, list[str]]:
                 title="Demo: handwritten digits",
                 description="Two local volunteers train a small MLP on scikit-learn's digits together.",
                 task="digits",
-                target_batch_size=256,
+                task_params={"hidden_size": 64, "batch_size": 64},
+                learning_rate=0.003,
+                target_batch_size=1024,
                 matchmaking_time=2.0,
                 averaging_timeout=30.0,
             ),
@@ -140,7 +142,7 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2) -> Non
     url = f"http://{host}:{port}"
     env = {**os.environ, "SWARMHUB_DATA_DIR": str(demo_dir), "SWARMHUB_DATABASE_URL": database_url}
     exe = [sys.executable, "-m", "swarmhub.worker.cli"]
-    server = subprocess.Popen([*exe, "server", "--host", host, "--port", str(port)], env=env)
+    server = subprocess.Popen([*exe, "server", "--host", host, "--port", str(port), "--log-level", "warning"], env=env)
     processes = [server]
     # Ctrl-C reaches the whole foreground process group; the children stop by themselves and we wait.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

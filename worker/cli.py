@@ -490,9 +490,12 @@ def _exit_with(result: Any) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--database-url", default=None, help="SQLAlchemy URL (default: SWARMHUB_DATABASE_URL or SQLite)")
-def server(host: str, port: int, database_url: str | None) -> None:
+@click.option(
+    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+)
+def server(host: str, port: int, database_url: str | None, log_level: str) -> None:
     """Run the swarmhub server (needs the [server] extra)."""
-    _exit_with(_server_cli().run_server(host, port, database_url))
+    _exit_with(_server_cli().run_server(host, port, database_url, log_level))
 
 
 @main.command()

@@ -31,9 +31,7 @@ class DigitsTask(Task):
 
     def build_model(self) -> torch.nn.Module:
         hidden = self.params.hidden_size
-        return torch.nn.Sequential(
-            torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)
-        )
+        return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
 
     @staticmethod
     def _data() -> tuple[torch.Tensor, torch.Tensor]:
