@@ -14,6 +14,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -61,6 +62,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         if _wants_json(request):
             return JSONResponse({"detail": jsonable_encoder(_validation_errors(exc))}, status_code=422)
         return render_error(request, 422, "; ".join(str(e["msg"]) for e in _validation_errors(exc)))
+
+    @app.exception_handler(ValidationError)
+    async def service_validation_error(request: Request, exc: ValidationError) -> Response:
+        """A service validated merged data (an edit): the same 422 as a body that fails validation."""
+        return await validation_error(
+            request, RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in exc.errors()])
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -82,17 +82,19 @@ class ExperimentCreate(ExperimentFields):
 
 
 class ExperimentUpdate(BaseModel):
+    """A partial edit. Bounds are checked once, on the merged result, by ``ExperimentFields``."""
+
     model_config = {"extra": "forbid"}
 
-    title: str | None = Field(default=None, min_length=1, max_length=120)
-    description: str | None = Field(default=None, max_length=5000)
+    title: str | None = None
+    description: str | None = None
     task: str | None = None
     task_params: dict[str, Any] | None = None
     optimizer: OptimizerName | None = None
-    learning_rate: float | None = Field(default=None, gt=0, le=10)
-    target_batch_size: int | None = Field(default=None, ge=1, le=1_048_576)
-    matchmaking_time: float | None = Field(default=None, ge=0.5, le=120)
-    averaging_timeout: float | None = Field(default=None, ge=5, le=600)
+    learning_rate: float | None = None
+    target_batch_size: int | None = None
+    matchmaking_time: float | None = None
+    averaging_timeout: float | None = None
 
 
 class ExperimentPublic(ExperimentSummary):

@@ -103,7 +103,13 @@ def test_edit_rules(client, db):
     assert client.patch(url, json={"title": "Renamed"}, headers=headers).json()["title"] == "Renamed"
     bad = client.patch(url, json={"title": ""}, headers=headers)
     assert bad.status_code == 422
+    assert bad.json()["detail"][0]["loc"] == ["body", "title"]
+    client.post(f"{url}/status", json={"action": "pause"}, headers=headers)
+    bad_params = client.patch(url, json={"task_params": {"hidden_size": 1}}, headers=headers)
+    assert bad_params.status_code == 422
+    assert bad_params.json()["detail"][0]["loc"] == ["body", "task_params"]
     assert client.get(url).json()["title"] == "Renamed"
+    assert client.get(url).json()["task_params"]["hidden_size"] == 32
 
 
 def test_only_the_owner_changes_an_experiment(client, db):

@@ -12,7 +12,9 @@ import sys
 import httpx
 import pytest
 from click.testing import CliRunner
+from sqlalchemy import select
 
+from swarmhub.server.models import User
 from swarmhub.worker.cli import main
 
 from .conftest import PASSWORD, csrf_from, make_experiment, make_user
@@ -138,3 +140,19 @@ def test_device_code_login_approved_in_the_browser(db, live_server, tmp_path):
     assert process.returncode == 0, output
     assert "as alice" in output
     assert stat.S_IMODE((tmp_path / "config" / "credentials.json").stat().st_mode) == 0o600
+
+
+def test_admin_command_creates_an_administrator(db, settings, tmp_path):
+    make_user(db, "first")  # the first user is already the administrator
+    env = {"SWARMHUB_DATABASE_URL": settings.database_url, "SWARMHUB_DATA_DIR": str(tmp_path)}
+    created = run(["admin", "ops", "--password-stdin"], env, input=PASSWORD + "\n")
+    assert created.exit_code == 0, created.output
+    assert "Created administrator ops" in created.output
+    promoted = run(["admin", "ops", "--password-stdin"], env, input="\n")
+    assert "ops is now an administrator" in promoted.output
+    weak = run(["admin", "weak", "--password-stdin"], env, input="short\n")
+    assert weak.exit_code == 1
+    assert "Traceback" not in weak.output
+    with db() as session:
+        admins = session.scalars(select(User.username).where(User.is_admin).order_by(User.username)).all()
+    assert admins == ["first", "ops"]
