@@ -30,8 +30,7 @@ def run_server(host: str, port: int, database_url: str | None, log_level: str = 
 
     from .app import create_app
 
-    overrides = {"database_url": database_url} if database_url else {}
-    settings = Settings(**overrides)
+    settings = Settings(database_url=database_url) if database_url else Settings()
     click.echo(f"swarmhub on http://{host}:{port} (database: {_redact(settings.database_url)})")
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, ws_max_size=64 * 1024)
 

@@ -143,12 +143,14 @@ def summary(session: Session, experiment: Experiment, window_seconds: int, swarm
 def series(session: Session, experiment: Experiment) -> list[SeriesPoint]:
     """Loss (mean over workers), swarm throughput (sum of each worker's latest) and reporting peers,
     in at most SERIES_POINTS time buckets over the newest SERIES_WINDOW reports."""
-    rows = session.execute(
-        select(MetricPoint.received_at, MetricPoint.worker_run_id, MetricPoint.loss, MetricPoint.samples_per_second)
-        .where(MetricPoint.experiment_id == experiment.id)
-        .order_by(MetricPoint.received_at.desc(), MetricPoint.id.desc())
-        .limit(SERIES_WINDOW)
-    ).all()
+    rows = list(
+        session.execute(
+            select(MetricPoint.received_at, MetricPoint.worker_run_id, MetricPoint.loss, MetricPoint.samples_per_second)
+            .where(MetricPoint.experiment_id == experiment.id)
+            .order_by(MetricPoint.received_at.desc(), MetricPoint.id.desc())
+            .limit(SERIES_WINDOW)
+        ).all()
+    )
     if not rows:
         return []
     rows.reverse()

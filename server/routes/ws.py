@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from swarmhub.worker.protocol import MAX_REPORT_BYTES, Ack, Control, ExperimentStatus, MetricReport
 
 from .. import accounts, experiments, metrics
-from ..errors import AppError
+from ..errors import AppError, Forbidden
 from ..models import Experiment, WorkerRun
 from ..snapshots import dashboard_snapshot
 
@@ -45,9 +45,7 @@ def _authorize(app: Any, token: str | None, slug: str, worker_id: str) -> tuple[
             return exc
         worker = session.get(WorkerRun, worker_id)
         if worker is None or worker.user_id != user.id or worker.experiment_id != experiment.id:
-            exc = AppError("unknown worker_id for this user and experiment: join again")
-            exc.status_code = 403
-            return exc
+            return Forbidden("unknown worker_id for this user and experiment: join again")
         return worker.id, experiment.slug
 
 
