@@ -80,13 +80,18 @@ def _install_error_handlers(app: FastAPI) -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = make_engine(settings.database_url)
-    swarm = SwarmHost(settings.data_dir, settings.swarm_host, enabled=settings.swarm_enabled)
+    swarm = SwarmHost(
+        settings.data_dir,
+        settings.swarm_host,
+        enabled=settings.swarm_enabled,
+        token_minutes=settings.swarm_token_minutes,
+    )
     live = LiveHub(settings.live_interval_seconds)
     wake = asyncio.Event()
 
-    def running_run_ids() -> set[str]:
+    def running_run_ids() -> dict[str, str]:
         with app.state.sessionmaker() as session:
-            return {experiments.run_id(e) for e in experiments.running(session)}
+            return {experiments.run_id(e): e.signing_key for e in experiments.running(session)}
 
     async def reconcile_forever() -> None:
         while True:

@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from swarmhub.worker import swarm_access
 from swarmhub.worker.protocol import (
     SLUG_RE,
     ExperimentConfig,
     ExperimentStatus,
     ExperimentSummary,
     OptimizerName,
+    SwarmToken,
     TrainingSettings,
 )
 from swarmhub.worker.tasks import UnknownTask, get_task
 
-from .errors import Conflict, Forbidden, NotFound
+from .errors import BadRequest, Conflict, Forbidden, NotFound
 from .models import Experiment, User, WorkerRun
 
 # Which status an action moves an experiment to, and from which statuses it may.
@@ -180,7 +182,12 @@ def list_visible(session: Session, user: User | None) -> list[Experiment]:
 def create(session: Session, owner: User, data: ExperimentCreate) -> Experiment:
     if session.scalar(select(Experiment.id).where(Experiment.slug == data.slug)) is not None:
         raise Conflict(f"the slug {data.slug!r} is taken", field="slug")
-    experiment = Experiment(owner_id=owner.id, status=ExperimentStatus.draft.value, **data.model_dump(mode="json"))
+    experiment = Experiment(
+        owner_id=owner.id,
+        status=ExperimentStatus.draft.value,
+        signing_key=swarm_access.new_signing_key_der(),
+        **data.model_dump(mode="json"),
+    )
     session.add(experiment)
     session.flush()
     session.refresh(experiment)
@@ -223,6 +230,27 @@ def start_worker_run(session: Session, experiment: Experiment, user: User, devic
     session.add(worker)
     session.flush()
     return worker
+
+
+def swarm_token(experiment: Experiment, user: User, peer_public_key: str, lifetime: timedelta) -> SwarmToken:
+    """Admit one peer key of ``user`` to the experiment's swarm for ``lifetime`` (running experiments only)."""
+    if experiment.status != ExperimentStatus.running:
+        raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
+    try:
+        token = swarm_access.sign_token(
+            swarm_access.signing_key_from_text(experiment.signing_key),
+            run_id(experiment),
+            user.username,
+            peer_public_key.encode(),
+            lifetime,
+        )
+    except ValueError:
+        raise BadRequest("peer_public_key is not an RSA public key", field="peer_public_key") from None
+    return SwarmToken(**swarm_access.token_to_wire(token))
+
+
+def experiment_public_key(experiment: Experiment) -> str:
+    return swarm_access.der_public_text(experiment.signing_key)
 
 
 def running(session: Session) -> list[Experiment]:

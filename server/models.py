@@ -133,6 +133,8 @@ class Experiment(Base):
     target_batch_size: Mapped[int] = mapped_column(Integer)
     matchmaking_time: Mapped[float] = mapped_column(Float)
     averaging_timeout: Mapped[float] = mapped_column(Float)
+    # The experiment's swarm token signing key (base64 DER). It never leaves the server.
+    signing_key: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

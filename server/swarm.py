@@ -35,10 +35,11 @@ class Peer:
 
 
 class SwarmHost:
-    def __init__(self, data_dir: Path, host: str, enabled: bool = True):
+    def __init__(self, data_dir: Path, host: str, enabled: bool = True, token_minutes: float = 60.0):
         self.data_dir = data_dir
         self.host = host
         self.enabled = enabled
+        self.token_minutes = token_minutes
         self._peers: dict[str, Peer] = {}
         self._lock = threading.Lock()
 
@@ -56,13 +57,19 @@ class SwarmHost:
             elif event.get("event") == "progress":
                 peer.progress = event
 
-    def start(self, run_id: str) -> Peer:
+    def start(self, run_id: str, signing_key: str) -> Peer:
         with self._lock:
             peer = self._peers.get(run_id)
             if peer is not None and peer.process.poll() is None:
                 return peer
-            identity = self.data_dir / "peers" / f"{run_id}.key"
-            identity.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            folder = self.data_dir / "peers"
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            identity = folder / f"{run_id}.key"
+            # The peer mints its own swarm tokens: it gets the experiment's key in a file only we can read.
+            key_file = folder / f"{run_id}.signing"
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(signing_key)
             cmd = [
                 sys.executable,
                 "-m",
@@ -73,6 +80,10 @@ class SwarmHost:
                 self.host,
                 "--identity",
                 str(identity),
+                "--signing-key-file",
+                str(key_file),
+                "--token-minutes",
+                str(self.token_minutes),
             ]
             # stdin stays open: the peer exits by itself when this process (and so the pipe) goes away.
             # Own session: a stuck peer and the processes hivemind forked for it can be killed as one group.
@@ -93,20 +104,20 @@ class SwarmHost:
         _terminate(peer.process, timeout)
         logger.info("stopped swarm peer for %s", run_id)
 
-    def reconcile(self, running: set[str]) -> None:
-        """Run exactly one peer per running experiment; restart any that died."""
+    def reconcile(self, running: dict[str, str]) -> None:
+        """Run exactly one peer per running experiment (run_id -> signing key); restart any that died."""
         if not self.enabled:
             return
         for run_id in list(self._peers):
             if run_id not in running:
                 self.stop(run_id)
-        for run_id in running:
-            self.start(run_id)
+        for run_id, signing_key in running.items():
+            self.start(run_id, signing_key)
 
-    def wait_ready(self, run_id: str, timeout: float) -> list[str] | None:
+    def wait_ready(self, run_id: str, signing_key: str, timeout: float) -> list[str] | None:
         if not self.enabled:
             return None
-        peer = self.start(run_id)
+        peer = self.start(run_id, signing_key)
         return peer.maddrs if peer.ready.wait(timeout) else None
 
     def swarm_peers(self, run_id: str) -> int | None:

@@ -23,6 +23,8 @@ import os
 import signal
 import sys
 import threading
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--identity", default=None, help="key file that keeps the peer ID stable")
     parser.add_argument("--interval", type=float, default=3.0)
+    parser.add_argument("--signing-key-file", required=True, help="the experiment's token signing key")
+    parser.add_argument("--token-minutes", type=float, default=60.0)
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -85,11 +89,33 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=watch_parent, daemon=True).start()
 
-    kwargs: dict[str, Any] = {}
-    if args.identity:
-        os.makedirs(os.path.dirname(os.path.abspath(args.identity)), exist_ok=True)
-        kwargs["identity_path"] = args.identity
-    dht = hivemind.DHT(host_maddrs=[f"/ip4/{args.host}/tcp/{args.port}"], start=True, **kwargs)
+    from swarmhub.worker import swarm_access
+
+    with open(args.signing_key_file) as handle:
+        signing_key = swarm_access.signing_key_from_text(handle.read().strip())
+    identity = Path(args.identity or os.path.join(os.path.dirname(args.signing_key_file), f"{args.run_id}.key"))
+    own_key = swarm_access.load_or_create_identity(identity)
+    swarm_access.use_as_process_key(own_key)
+    public_key = own_key.get_public_key().to_bytes()
+    lifetime = timedelta(minutes=args.token_minutes)
+
+    def mint() -> Any:  # this peer is the server's own: it signs its token itself, as "swarmhub"
+        return swarm_access.sign_token(signing_key, args.run_id, "swarmhub", public_key, lifetime)
+
+    authorizer = swarm_access.SwarmAuthorizer(
+        own_key,
+        signing_key.get_public_key(),
+        args.run_id,
+        mint,
+        first_token=mint(),
+        refresh_margin=min(swarm_access.REFRESH_MARGIN, lifetime / 4),
+    )
+    dht = hivemind.DHT(
+        host_maddrs=[f"/ip4/{args.host}/tcp/{args.port}"],
+        start=True,
+        identity_path=str(identity),
+        authorizer=authorizer,
+    )
     # The same validators as the trainers' progress trackers: records are signed by each peer's key,
     # and without the signature validator this node could neither store nor read them.
     from hivemind.dht.schema import RSASignatureValidator, SchemaValidator

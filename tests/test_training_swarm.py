@@ -17,14 +17,18 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from hivemind.utils.crypto import RSAPrivateKey
 
+from swarmhub.worker import swarm_access
 from swarmhub.worker.client import ExitCode
-from swarmhub.worker.protocol import ExperimentConfig, JoinResponse
+from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
 
 pytestmark = pytest.mark.swarm
 
@@ -34,6 +38,7 @@ STEPS = 30  # per worker: about 10 swarm epochs
 # Trains with train() and prints each progress snapshot and the summary as JSON lines.
 TRAIN_SCRIPT = """
 import dataclasses, json, sys
+from pathlib import Path
 from swarmhub.worker.protocol import JoinResponse
 from swarmhub.worker.training import train
 
@@ -43,7 +48,7 @@ def progress(p):
     print(json.dumps({"event": "progress", **dataclasses.asdict(p)}), flush=True)
 
 s = train(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], max_steps=int(sys.argv[2]),
-          on_progress=progress)
+          on_progress=progress, identity_path=Path(sys.argv[3]))
 print(json.dumps({"event": "summary", "steps": s.steps, "epoch": s.epoch, "first_loss": s.first_loss,
                   "last_loss": s.last_loss, "stop_reason": s.stop_reason.value,
                   "averaging_rounds": {str(k): v for k, v in s.averaging_rounds.items()}}), flush=True)
@@ -58,7 +63,7 @@ from swarmhub.worker.protocol import JoinResponse
 
 join = JoinResponse.model_validate_json(sys.argv[1])
 code = run_session(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], log_path=Path(sys.argv[2]),
-                   restore_stderr=False)
+                   restore_stderr=False, identity_path=Path(sys.argv[3]))
 sys.exit(code)
 """
 
@@ -123,13 +128,36 @@ class LineReader:
         return events
 
 
-@pytest.fixture(scope="module")
-def swarm_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    """The server's bootstrap/monitor peer; yields its multiaddrs. Stops it with SIGTERM and checks for orphans."""
+@dataclass
+class Swarm:
+    maddrs: list[str]
+    run_id: str
+    signing_key: RSAPrivateKey
+
+
+@pytest.fixture
+def swarm_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
+    """The server's bootstrap/monitor peer for a new run; stopped with SIGTERM and checked for orphans."""
     tag = f"peer-{uuid.uuid4().hex}"
-    log = open(tmp_path_factory.mktemp("peer") / "stderr.log", "w")  # noqa: SIM115
+    folder = tmp_path_factory.mktemp("peer")
+    run_id = f"t-{uuid.uuid4().hex[:8]}"
+    key_text = swarm_access.new_signing_key_der()
+    (folder / "signing").write_text(key_text)
+    log = open(folder / "stderr.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "swarmhub.server.swarm_peer", "--run-id", "t", "--host", "127.0.0.1"],
+        [
+            sys.executable,
+            "-m",
+            "swarmhub.server.swarm_peer",
+            "--run-id",
+            run_id,
+            "--host",
+            "127.0.0.1",
+            "--signing-key-file",
+            str(folder / "signing"),
+            "--identity",
+            str(folder / "peer.key"),
+        ],
         stdin=subprocess.PIPE,  # the peer stops when its stdin closes: keep it open
         stdout=subprocess.PIPE,
         stderr=log,
@@ -147,7 +175,7 @@ def swarm_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
             if event.get("event") == "ready":
                 maddrs = event["maddrs"]
         assert maddrs, "the swarm peer never printed its ready line"
-        yield maddrs
+        yield Swarm(maddrs, run_id, swarm_access.signing_key_from_text(key_text))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         left = wait_gone(tag, timeout=10)
@@ -160,7 +188,8 @@ def swarm_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
         log.close()
 
 
-def make_join(maddrs: list[str], run_id: str, worker_id: str) -> JoinResponse:
+def make_join(swarm: Swarm, worker_id: str, identity: Path) -> JoinResponse:
+    """What the server's join answers, for the key at ``identity``: a token signed by the run's key."""
     experiment = ExperimentConfig(
         slug="digits-test",
         title="Digits test",
@@ -172,26 +201,33 @@ def make_join(maddrs: list[str], run_id: str, worker_id: str) -> JoinResponse:
         matchmaking_time=2.0,
         averaging_timeout=5.0,  # the last round after a peer left fails fast
     )
+    public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes()
+    token = swarm_access.sign_token(swarm.signing_key, swarm.run_id, "tester", public_key, timedelta(hours=1))
     return JoinResponse(
         experiment=experiment,
-        run_id=run_id,
-        initial_peers=maddrs,
+        run_id=swarm.run_id,
+        initial_peers=swarm.maddrs,
         worker_id=worker_id,
         username="tester",
         report_path="/ws/experiments/digits-test/report",
+        swarm_token=SwarmToken(**swarm_access.token_to_wire(token)),
+        token_path="/api/experiments/digits-test/swarm-token",
+        experiment_public_key=swarm.signing_key.get_public_key().to_bytes().decode(),
+        server_time=time.time(),
     )
 
 
-def test_two_workers_average_gradients_and_leave_no_processes(swarm_peer: list[str], tmp_path: Path) -> None:
+def test_two_workers_average_gradients_and_leave_no_processes(swarm_peer: Swarm, tmp_path: Path) -> None:
     tag = f"workers-{uuid.uuid4().hex}"
     procs = []
     try:
         for name in ("a", "b"):
-            join = make_join(swarm_peer, run_id="t", worker_id=f"worker-{name}")
+            identity = tmp_path / f"{name}.key"
+            join = make_join(swarm_peer, worker_id=f"worker-{name}", identity=identity)
             stderr = open(tmp_path / f"{name}.err", "w")  # noqa: SIM115
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-c", TRAIN_SCRIPT, join.model_dump_json(), str(STEPS)],
+                    [sys.executable, "-c", TRAIN_SCRIPT, join.model_dump_json(), str(STEPS), str(identity)],
                     stdout=subprocess.PIPE,
                     stderr=stderr,
                     text=True,
@@ -230,17 +266,18 @@ def test_two_workers_average_gradients_and_leave_no_processes(swarm_peer: list[s
     ids=["SIGTERM", "SIGINT"],
 )
 def test_a_signal_leaves_the_swarm_cleanly(
-    swarm_peer: list[str], tmp_path: Path, signum: int, code: int, said: str
+    swarm_peer: Swarm, tmp_path: Path, signum: int, code: int, said: str
 ) -> None:
     """What `swarmhub join` does on SIGTERM / Ctrl-C: stop, leave the swarm, exit 143 / 130, no orphans.
 
     SIGINT matters on its own: hivemind's averagers set it to SIG_IGN in the parent process.
     """
     tag = f"signal-{uuid.uuid4().hex}"
-    join = make_join(swarm_peer, run_id=f"t-{said.lower()}", worker_id=f"worker-{said.lower()}")
+    identity = tmp_path / "worker.key"
+    join = make_join(swarm_peer, worker_id=f"worker-{said.lower()}", identity=identity)
     log_path = tmp_path / "logs" / "digits-test.log"
     proc = subprocess.Popen(
-        [sys.executable, "-c", SESSION_SCRIPT, join.model_dump_json(), str(log_path)],
+        [sys.executable, "-c", SESSION_SCRIPT, join.model_dump_json(), str(log_path), str(identity)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

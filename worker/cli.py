@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
@@ -25,7 +25,15 @@ import click
 from pydantic import SecretStr, ValidationError
 
 from .. import __version__
-from .client import ApiClient, ExitCode, WorkerError, normalize_server_url, not_accepting, not_logged_in
+from .client import (
+    ApiClient,
+    ExitCode,
+    WorkerError,
+    check_clock,
+    normalize_server_url,
+    not_accepting,
+    not_logged_in,
+)
 from .credentials import (
     StoredCredentials,
     delete_credentials,
@@ -33,7 +41,7 @@ from .credentials import (
     resolve_credentials,
     store_credentials,
 )
-from .protocol import SLUG_RE, JoinRequest, JoinResponse
+from .protocol import SLUG_RE, JoinRequest, JoinResponse, SwarmToken
 from .settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -254,12 +262,26 @@ def join(
         raise WorkerError(
             f"{slug!r} is not an experiment name: run `swarmhub experiments` to list them", ExitCode.USAGE
         )
+    from . import swarm_access
     from .reporter import Reporter
     from .training import resolve_device
 
     torch_device = resolve_device(device)
     with client:
-        joined = client.join(slug, JoinRequest(device=torch_device.type, client_version=__version__))
+        username = client.me().username
+        # One key per user and experiment on this machine: the peer ID, the swarm token and the signed
+        # progress records all use it, so the peer ID is stable across restarts and its work attributable.
+        identity_path = settings.identity_path(client.server_url, username, slug)
+        public_key = swarm_access.public_key_text(swarm_access.load_or_create_identity(identity_path))
+        request = JoinRequest(device=torch_device.type, client_version=__version__, peer_public_key=public_key)
+        sent_at = time.time()
+        joined = client.join(slug, request)
+        check_clock(joined.server_time, sent_at, time.time())
+
+    def fetch_token() -> SwarmToken:
+        with ApiClient(client.server_url, token, user_agent=USER_AGENT) as refresher:
+            return refresher.swarm_token(joined, public_key)
+
     click.echo(
         f"Joined {slug!r} ({joined.experiment.title}) as {joined.username}: training "
         f"{joined.experiment.task} on {torch_device}. Ctrl-C to leave."
@@ -275,6 +297,8 @@ def join(
         log_path=settings.logs_dir / f"{slug}.log",
         verbose=verbose,
         restore_stderr=False,  # the process exits next
+        identity_path=identity_path,
+        fetch_token=fetch_token,
     )
     raise click.exceptions.Exit(code)
 
@@ -291,6 +315,8 @@ def run_session(
     verbose: bool = False,
     out: IO[str] | None = None,
     restore_stderr: bool = True,
+    identity_path: Path,
+    fetch_token: Callable[[], SwarmToken] | None = None,
 ) -> int:
     """Train with the swarm as ``swarmhub join`` does, and return the exit code.
 
@@ -321,6 +347,8 @@ def run_session(
                     reporter=reporter,
                     on_progress=line.update,
                     stop_event=stop,
+                    identity_path=identity_path,
+                    fetch_token=fetch_token,
                 )
             except WorkerError as exc:
                 error = exc

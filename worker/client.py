@@ -13,6 +13,7 @@ code  meaning
 4     not found: unknown experiment (or a task this install lacks)
 5     server unreachable or server error (also: the swarm's bootstrap peers did not answer)
 6     experiment not accepting volunteers (not running, or stopped by its organizer while joined)
+7     this machine's clock is too far off the server's (the swarm refuses requests over 60 s off)
 130   interrupted by Ctrl-C
 143   terminated by SIGTERM
 ====  ==========================================================================================
@@ -28,7 +29,16 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from .protocol import DeviceCode, ExperimentSummary, JoinRequest, JoinResponse, Me, TokenResponse
+from .protocol import (
+    DeviceCode,
+    ExperimentSummary,
+    JoinRequest,
+    JoinResponse,
+    Me,
+    SwarmToken,
+    SwarmTokenRequest,
+    TokenResponse,
+)
 
 T = TypeVar("T")
 
@@ -45,6 +55,7 @@ class ExitCode(IntEnum):
     NOT_FOUND = 4
     UNREACHABLE = 5
     NOT_ACCEPTING = 6
+    CLOCK = 7
     INTERRUPTED = 130
     TERMINATED = 143
 
@@ -266,6 +277,31 @@ class ApiClient:
             )
         self._raise_for_status(response, slug=slug)
         return self._parse(JoinResponse, response)
+
+    def swarm_token(self, join: JoinResponse, public_key: str) -> SwarmToken:
+        """A fresh swarm token for this peer's key (the authorizer calls it before the current one expires)."""
+        body = SwarmTokenRequest(peer_public_key=public_key).model_dump(mode="json")
+        response = self._send("POST", join.token_path, auth=True, json=body)
+        if response.status_code == 409:
+            raise not_accepting(join.experiment.slug, "not running")
+        self._raise_for_status(response, slug=join.experiment.slug)
+        return self._parse(SwarmToken, response)
+
+
+MAX_CLOCK_SKEW_SECONDS = 30.0
+
+
+def check_clock(server_time: float, sent_at: float, received_at: float) -> None:
+    """Refuse to start when this machine's clock is over 30 s off the server's: hivemind's peers reject
+    requests more than 60 s off theirs, so such a worker could not take part anyway."""
+    skew = (sent_at + received_at) / 2 - server_time
+    if abs(skew) > MAX_CLOCK_SKEW_SECONDS:
+        direction = "ahead of" if skew > 0 else "behind"
+        raise WorkerError(
+            f"This machine's clock is {abs(skew):.0f} s {direction} the server's: turn on automatic time sync "
+            "(for example `sudo timedatectl set-ntp true`), then join again",
+            ExitCode.CLOCK,
+        )
 
 
 def report_url(server_url: str, join: JoinResponse) -> str:

@@ -75,6 +75,27 @@ class JoinRequest(BaseModel):
 
     device: str = Field(default="cpu", max_length=32)
     client_version: str = Field(default="", max_length=32)
+    peer_public_key: str = Field(
+        min_length=64,
+        max_length=2048,
+        pattern=r"^ssh-rsa [A-Za-z0-9+/=]+$",
+        description="The peer's RSA public key (OpenSSH text): the swarm token is bound to it",
+    )
+
+
+class SwarmTokenRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    peer_public_key: str = Field(min_length=64, max_length=2048, pattern=r"^ssh-rsa [A-Za-z0-9+/=]+$")
+
+
+class SwarmToken(BaseModel):
+    """A hivemind ``AccessToken`` signed by the experiment's key (see ``swarm_access`` for the bytes)."""
+
+    username: str
+    public_key: str
+    expiration_time: str
+    signature: str
 
 
 class JoinResponse(BaseModel):
@@ -86,6 +107,10 @@ class JoinResponse(BaseModel):
     worker_id: str = Field(description="Identifies this contribution session in metric reports")
     username: str
     report_path: str = Field(description="Websocket path for metric reports, relative to the server URL")
+    swarm_token: SwarmToken = Field(description="Admits this peer's key to the swarm until it expires")
+    token_path: str = Field(description="Where to get a fresh swarm token (POST), relative to the server URL")
+    experiment_public_key: str = Field(description="Verifies every peer's swarm token (OpenSSH text)")
+    server_time: float = Field(description="The server's clock (unix seconds) when it answered")
 
 
 class MetricReport(BaseModel):

@@ -6,6 +6,7 @@ Nothing here reads the environment at import time: ``WorkerSettings()`` does, wh
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from platformdirs import user_config_dir, user_state_dir
 from pydantic import Field, SecretStr, field_validator
@@ -43,3 +44,8 @@ class WorkerSettings(BaseSettings):
     @property
     def logs_dir(self) -> Path:
         return self.state_dir / "logs"
+
+    def identity_path(self, server_url: str, username: str, slug: str) -> Path:
+        """This machine's peer key for one user and experiment (see ``swarm_access``)."""
+        host = urlsplit(server_url).netloc.replace(":", "_") or "server"
+        return self.state_dir / "identities" / host / username / f"{slug}.key"

@@ -22,15 +22,18 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from enum import Enum
 from functools import partial
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from pydantic import ValidationError
 
+from . import swarm_access
 from .client import ExitCode, WorkerError
-from .protocol import Control, JoinResponse, MetricReport, OptimizerName, TrainingSettings
+from .protocol import Control, JoinResponse, MetricReport, OptimizerName, SwarmToken, TrainingSettings
 from .tasks import Task, UnknownTask, get_task
 
 logger = logging.getLogger(__name__)
@@ -193,8 +196,14 @@ def train(
     reporter: ReporterLike | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     stop_event: threading.Event | None = None,
+    identity_path: Path,
+    fetch_token: Callable[[], SwarmToken] | None = None,
 ) -> TrainingSummary:
     """Train ``join.experiment`` with the swarm until a limit, ``stop_event``, or the server says stop.
+
+    ``identity_path`` is the peer's key (``swarm_access.load_or_create_identity``): the one that
+    ``join.swarm_token`` admits. ``fetch_token`` renews that token before it expires; without it the peer
+    leaves the swarm's good graces when the first token runs out.
 
     Reports a :class:`MetricReport` (``seq`` from 0) to ``reporter`` on every swarm epoch change and at
     least every ~2 s, and passes the same numbers to ``on_progress``. Raises :class:`WorkerError` when the
@@ -228,11 +237,18 @@ def train(
             return StopReason.max_minutes
         return None
 
+    authorizer = _authorizer(join, identity_path, fetch_token)
     dht = opt = None
     with _AveragingWatcher() as watcher:
         try:
             try:
-                dht = hivemind.DHT(initial_peers=list(join.initial_peers), host_maddrs=list(listen_maddrs), start=True)
+                dht = hivemind.DHT(
+                    initial_peers=list(join.initial_peers),
+                    host_maddrs=list(listen_maddrs),
+                    identity_path=str(identity_path),
+                    authorizer=authorizer,
+                    start=True,
+                )
             except Exception as exc:
                 logger.exception("could not start the DHT")
                 why = " ".join(str(exc).split())[:200] or type(exc).__name__
@@ -278,6 +294,34 @@ def train(
                 if dht is not None:
                     dht.shutdown()
     return summary
+
+
+def _authorizer(
+    join: JoinResponse, identity_path: Path, fetch_token: Callable[[], SwarmToken] | None
+) -> swarm_access.SwarmAuthorizer:
+    key = swarm_access.load_or_create_identity(identity_path)
+    swarm_access.use_as_process_key(key)  # progress records are signed with the key the token admits
+    first = swarm_access.token_from_wire(join.swarm_token.model_dump())
+    expires = swarm_access.parse_expiry(first.expiration_time)
+    lifetime = (expires - datetime.now(timezone.utc)) if expires else swarm_access.REFRESH_MARGIN
+    current = {"token": first}
+
+    def fetch() -> Any:
+        if fetch_token is not None:
+            try:
+                current["token"] = swarm_access.token_from_wire(fetch_token().model_dump())
+            except Exception as exc:  # the server is unreachable for now: the current token may still serve
+                logger.warning("could not renew the swarm token: %s", getattr(exc, "message", exc))
+        return current["token"]
+
+    return swarm_access.SwarmAuthorizer(
+        key,
+        swarm_access.public_key_from_text(join.experiment_public_key),
+        join.run_id,
+        fetch,
+        first_token=first,
+        refresh_margin=min(swarm_access.REFRESH_MARGIN, lifetime / 4),
+    )
 
 
 def _loop(

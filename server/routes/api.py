@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -12,6 +15,8 @@ from swarmhub.worker.protocol import (
     JoinRequest,
     JoinResponse,
     Me,
+    SwarmToken,
+    SwarmTokenRequest,
     TokenResponse,
 )
 
@@ -114,7 +119,10 @@ def join(
     run_id = experiments.run_id(experiment)
     if not settings.swarm_enabled:
         raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
-    maddrs = request.app.state.swarm.wait_ready(run_id, timeout=10)
+    token = experiments.swarm_token(
+        experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
+    )
+    maddrs = request.app.state.swarm.wait_ready(run_id, experiment.signing_key, timeout=10)
     if not maddrs:
         raise Unavailable("the experiment's swarm is starting: try again shortly", headers={"Retry-After": "3"})
     return JoinResponse(
@@ -124,6 +132,21 @@ def join(
         worker_id=worker.id,
         username=user.username,
         report_path=f"/ws/experiments/{experiment.slug}/report",
+        swarm_token=token,
+        token_path=f"/api/experiments/{experiment.slug}/swarm-token",
+        experiment_public_key=experiments.experiment_public_key(experiment),
+        server_time=time.time(),
+    )
+
+
+@router.post("/experiments/{slug}/swarm-token", response_model=SwarmToken)
+def refresh_swarm_token(
+    slug: str, body: SwarmTokenRequest, session: DB, user: CurrentUser, settings: AppSettings
+) -> SwarmToken:
+    """A fresh token for a peer that already joined; refused once the experiment stops running."""
+    experiment = experiments.get_visible(session, slug, user)
+    return experiments.swarm_token(
+        experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
     )
 
 

@@ -1,0 +1,194 @@
+"""Who may enter an experiment's swarm: signed access tokens, peer identities, and the DHT authorizer.
+
+Each experiment has its own RSA-2048 signing key, kept by the server. When a volunteer joins, the server
+signs an access token that binds the experiment (its hivemind ``run_id``), the volunteer's username, the
+public key of their peer and an expiry. Every peer (workers and the server's own) checks the token of
+every DHT request and response with hivemind's token protocol (``TokenAuthorizerBase``: each request is
+signed by the sender's key, carries a fresh nonce and a timestamp within 60 s).
+
+The signed bytes are defined here, once, and never a language's repr::
+
+    swarmhub-access-token/v1
+    run_id=<run_id>
+    username=<username>
+    public_key=<the peer's RSA public key, OpenSSH text "ssh-rsa AAAA...">
+    expires=<UTC expiry, ISO 8601 "YYYY-MM-DDTHH:MM:SSZ">
+
+joined by ``\\n``, UTF-8, signed with RSA-PSS/SHA-256 (hivemind's ``RSAPrivateKey.sign``, base64 output).
+Usernames, run ids and the key text cannot contain a newline, so the encoding is unambiguous.
+
+A peer's identity key is one RSA key per user and experiment, stored on the volunteer's machine in
+libp2p's key format: hivemind derives the peer ID from it, the token binds its public key, and the
+peer's signed progress records use it too, so work in the swarm is attributable to a volunteer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID
+from hivemind.proto import crypto_pb2
+from hivemind.proto.auth_pb2 import AccessToken
+from hivemind.utils.auth import TokenAuthorizerBase
+from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
+
+TOKEN_VERSION = "swarmhub-access-token/v1"  # noqa: S105 - a format tag, not a secret
+REFRESH_MARGIN = timedelta(minutes=5)  # fetch a new token this long before the current one expires
+
+
+def token_payload(run_id: str, username: str, public_key: bytes, expires: str) -> bytes:
+    fields = [TOKEN_VERSION, f"run_id={run_id}", f"username={username}", f"public_key={public_key.decode()}"]
+    for value in (run_id, username, public_key.decode(), expires):
+        if "\n" in value or "\r" in value:
+            raise ValueError("token fields cannot contain line breaks")
+    return "\n".join([*fields, f"expires={expires}"]).encode()
+
+
+def format_expiry(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_expiry(text: str) -> datetime | None:
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def sign_token(
+    signing_key: RSAPrivateKey, run_id: str, username: str, public_key: bytes, lifetime: timedelta
+) -> AccessToken:
+    """The server's side: a token for one peer key, valid for ``lifetime``."""
+    RSAPublicKey.from_bytes(public_key)  # refuse anything that is not an RSA public key
+    expires = format_expiry(datetime.now(timezone.utc) + lifetime)
+    signature = signing_key.sign(token_payload(run_id, username, public_key, expires))
+    return AccessToken(username=username, public_key=public_key, expiration_time=expires, signature=signature)
+
+
+def verify_token(token: AccessToken, experiment_key: RSAPublicKey, run_id: str) -> bool:
+    expires = parse_expiry(token.expiration_time)
+    if expires is None or expires <= datetime.now(timezone.utc):
+        return False
+    try:
+        payload = token_payload(run_id, token.username, token.public_key, token.expiration_time)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return experiment_key.verify(payload, token.signature)
+
+
+def token_to_wire(token: AccessToken) -> dict[str, str]:
+    return {
+        "username": token.username,
+        "public_key": token.public_key.decode(),
+        "expiration_time": token.expiration_time,
+        "signature": token.signature.decode(),
+    }
+
+
+def token_from_wire(data: dict[str, str]) -> AccessToken:
+    return AccessToken(
+        username=data["username"],
+        public_key=data["public_key"].encode(),
+        expiration_time=data["expiration_time"],
+        signature=data["signature"].encode(),
+    )
+
+
+# -- keys ----------------------------------------------------------------------------------------------
+
+
+def private_key_from_der(der: bytes) -> RSAPrivateKey:
+    key = RSAPrivateKey.__new__(RSAPrivateKey)
+    key.__setstate__({"_private_key": der})  # hivemind's own (pickle) path for loading a DER key
+    return key
+
+
+def public_key_text(key: RSAPrivateKey) -> str:
+    return key.get_public_key().to_bytes().decode()
+
+
+def load_or_create_identity(path: Path) -> RSAPrivateKey:
+    """The peer's RSA key, in libp2p's format so that ``hivemind.DHT(identity_path=...)`` uses it too."""
+    if path.exists():
+        der = crypto_pb2.PrivateKey.FromString(path.read_bytes()).data
+        return private_key_from_der(der)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = RSAPrivateKey()
+    blob = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.RSA, data=key.to_bytes()).SerializeToString()
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(blob)
+    os.chmod(tmp, 0o400)
+    os.replace(tmp, path)
+    return key
+
+
+def peer_id_of(path: Path) -> str:
+    return PeerID.from_identity(path.read_bytes()).to_base58()
+
+
+def use_as_process_key(key: RSAPrivateKey) -> None:
+    """hivemind signs DHT records (the swarm's progress records among them) with its process-wide key:
+    make that the peer's identity key, so that what it publishes is attributable to its token."""
+    RSAPrivateKey._process_wide_key = key
+
+
+def new_signing_key_der() -> str:
+    """A fresh experiment signing key, as base64 DER text for the database."""
+    return base64.b64encode(RSAPrivateKey().to_bytes()).decode()
+
+
+def signing_key_from_text(text: str) -> RSAPrivateKey:
+    return private_key_from_der(base64.b64decode(text))
+
+
+def public_key_from_text(text: str) -> RSAPublicKey:
+    return RSAPublicKey.from_bytes(text.encode())
+
+
+def der_public_text(private_der_text: str) -> str:
+    key = serialization.load_der_private_key(base64.b64decode(private_der_text), password=None)
+    return (
+        key.public_key()
+        .public_bytes(encoding=serialization.Encoding.OpenSSH, format=serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+
+
+class SwarmAuthorizer(TokenAuthorizerBase):
+    """hivemind's token protocol with swarmhub's tokens: ``fetch`` gets a fresh token (from the server, or
+    minted locally by the server's own peer) whenever the current one is within REFRESH_MARGIN of expiry."""
+
+    def __init__(
+        self,
+        local_key: RSAPrivateKey,
+        experiment_key: RSAPublicKey,
+        run_id: str,
+        fetch: Callable[[], AccessToken],
+        first_token: AccessToken | None = None,
+        refresh_margin: timedelta = REFRESH_MARGIN,
+    ):
+        super().__init__(local_key)
+        self.experiment_key = experiment_key
+        self.run_id = run_id
+        self._fetch = fetch
+        self._refresh_margin = refresh_margin
+        if first_token is not None:
+            self._local_access_token = first_token
+
+    async def get_token(self) -> AccessToken:
+        return await asyncio.get_running_loop().run_in_executor(None, self._fetch)
+
+    def is_token_valid(self, access_token: AccessToken) -> bool:
+        return verify_token(access_token, self.experiment_key, self.run_id)
+
+    def does_token_need_refreshing(self, access_token: AccessToken) -> bool:
+        expires = parse_expiry(access_token.expiration_time)
+        return expires is None or expires - datetime.now(timezone.utc) <= self._refresh_margin
