@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from hivemind.utils.crypto import RSAPrivateKey
 from sqlalchemy import func, select
 
+from swarmhub.server import experiments
 from swarmhub.server.models import Experiment
+from swarmhub.worker import swarm_access
 
 from .conftest import api_token, make_experiment, make_user
 
+PEER_KEY = swarm_access.public_key_text(RSAPrivateKey())
 NEW = {"slug": "mnist-ish", "title": "Digits", "task": "digits", "task_params": {"hidden_size": 32}}
 
 
@@ -154,12 +158,46 @@ def test_join_refuses_unknown_and_stopped_experiments(client, db):
     owner = make_user(db)
     make_experiment(db, owner, slug="paused-one", status="paused")
     headers = api_token(client)
-    unknown = client.post("/api/experiments/nope/join", json={}, headers=headers)
+    body = {"peer_public_key": PEER_KEY}
+    unknown = client.post("/api/experiments/nope/join", json=body, headers=headers)
     assert unknown.status_code == 404
-    paused = client.post("/api/experiments/paused-one/join", json={}, headers=headers)
+    paused = client.post("/api/experiments/paused-one/join", json=body, headers=headers)
     assert paused.status_code == 409
     assert "not accepting volunteers" in paused.json()["detail"]
-    assert client.post("/api/experiments/paused-one/join", json={}).status_code == 401
+    assert client.post("/api/experiments/paused-one/join", json=body).status_code == 401
+    refresh = client.post("/api/experiments/paused-one/swarm-token", json=body, headers=headers)
+    assert refresh.status_code == 409
+
+
+def test_join_needs_a_peer_key(client, db):
+    owner = make_user(db)
+    make_experiment(db, owner, slug="open", status="running")
+    headers = api_token(client)
+    missing = client.post("/api/experiments/open/join", json={}, headers=headers)
+    assert [err["loc"] for err in missing.json()["detail"]] == [["body", "peer_public_key"]]
+    garbage = client.post(
+        "/api/experiments/open/join", json={"peer_public_key": "ssh-rsa " + "A" * 80}, headers=headers
+    )
+    assert garbage.status_code == 400
+    assert garbage.json()["field"] == "peer_public_key"
+
+
+def test_swarm_token_refresh_is_signed_by_the_experiment(client, db):
+    owner = make_user(db)
+    make_experiment(db, owner, slug="open", status="running")
+    response = client.post(
+        "/api/experiments/open/swarm-token", json={"peer_public_key": PEER_KEY}, headers=api_token(client)
+    )
+    assert response.status_code == 200
+    token = swarm_access.token_from_wire(response.json())
+    with db() as session:
+        experiment = session.scalar(select(Experiment).where(Experiment.slug == "open"))
+        key = swarm_access.signing_key_from_text(experiment.signing_key).get_public_key()
+        run_id = experiments.run_id(experiment)
+    assert token.username == "alice" and token.public_key.decode() == PEER_KEY
+    assert swarm_access.verify_token(token, key, run_id)
+    assert not swarm_access.verify_token(token, key, run_id + "-other")
+    assert "signing_key" not in client.get("/api/experiments/open").text
 
 
 def test_revoked_token_stops_working(client, db):
