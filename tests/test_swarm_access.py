@@ -143,3 +143,106 @@ def test_only_peers_with_a_valid_token_enter(server_peer, case):
         assert outcome == {"case": "valid", "entered": True, "stored": True, "read": True}
     else:
         assert outcome["entered"] is False, outcome
+
+
+# An honest trainer that says where it listens, then trains until it is told to stop.
+HONEST = """
+import json, sys
+from pathlib import Path
+from swarmhub.worker.protocol import JoinResponse
+from swarmhub.worker.training import train
+
+join = JoinResponse.model_validate_json(sys.argv[1])
+train(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], max_minutes=2, identity_path=Path(sys.argv[2]),
+      on_joined=lambda peer_id, maddrs: print(json.dumps({"peer_id": peer_id, "maddrs": maddrs}), flush=True),
+      on_progress=lambda progress: print("training", flush=True))
+"""
+
+# Calls the honest peer's averagers directly, by address, as a peer that learned it would.
+DIRECT = """
+import asyncio, json, sys
+from datetime import timedelta
+import hivemind
+from hivemind.optim.grad_averager import GradientAverager
+from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.p2p import P2P, PeerID
+from hivemind.utils.timed_storage import get_dht_time
+from hivemind.proto import averaging_pb2
+from hivemind.utils.crypto import RSAPrivateKey
+from swarmhub.worker import swarm_access
+
+maddrs, peer_id, bootstrap, run_id, signing_text, admitted = json.loads(sys.argv[1])
+signing = swarm_access.signing_key_from_text(signing_text)
+
+async def call(p2p):
+    target = PeerID.from_base58(peer_id)
+    state = TrainingStateAverager.get_stub(p2p, target, namespace=f"{run_id}_state_averager")
+    parts = 0
+    async for _ in await state.rpc_download_state(averaging_pb2.DownloadRequest()):
+        parts += 1
+    grads = GradientAverager.get_stub(p2p, target, namespace=f"{run_id}_grad_averager")
+    replies = 0
+    try:
+        request = averaging_pb2.JoinRequest(schema_hash=b"x", expiration=get_dht_time() + 5)
+        async for _ in await grads.rpc_join_group(request):
+            replies += 1
+    except Exception:
+        pass
+    return parts, replies
+
+if admitted:  # a peer with a valid token, on the roster: the positive control
+    key = RSAPrivateKey()
+    swarm_access.use_as_process_key(key)
+    token = swarm_access.sign_token(signing, run_id, "ada", key.get_public_key().to_bytes(), timedelta(minutes=5))
+    authorizer = swarm_access.SwarmAuthorizer(key, signing.get_public_key(), run_id, lambda: token, first_token=token)
+    import tempfile, os
+    identity = os.path.join(tempfile.mkdtemp(), "id.key")
+    from hivemind.proto import crypto_pb2
+    blob = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.RSA, data=key.to_bytes()).SerializeToString()
+    open(identity, "wb").write(blob)
+    dht = hivemind.DHT(initial_peers=bootstrap + maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"], authorizer=authorizer,
+                       identity_path=identity, start=True)
+    assert swarm_access.publish_roster_entry(dht, run_id, token)
+    p2p = asyncio.run(dht.replicate_p2p())
+    parts, replies = asyncio.run(call(p2p))
+    dht.shutdown()
+else:  # no token, never in the DHT: straight to the averagers
+    async def rogue():
+        p2p = await P2P.create(initial_peers=maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+        try:
+            return await call(p2p)
+        finally:
+            await p2p.shutdown()
+    parts, replies = asyncio.run(rogue())
+print(json.dumps({"parts": parts, "replies": replies}))
+"""
+
+
+@pytest.mark.swarm
+def test_averaging_and_state_download_refuse_peers_off_the_roster(server_peer, tmp_path):
+    from .test_training_swarm import Swarm, make_join
+
+    maddrs, run_id, key_text = server_peer
+    swarm = Swarm(maddrs, run_id, swarm_access.signing_key_from_text(key_text))
+    identity = tmp_path / "honest.key"
+    join = make_join(swarm, worker_id="honest", identity=identity)
+    honest = subprocess.Popen(
+        [sys.executable, "-c", HONEST, join.model_dump_json(), str(identity)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        where = json.loads(honest.stdout.readline())
+        assert honest.stdout.readline().strip() == "training"  # its averagers are up
+        results = {}
+        for admitted in (False, True):
+            args = json.dumps([where["maddrs"], where["peer_id"], maddrs, run_id, key_text, admitted])
+            done = subprocess.run([sys.executable, "-c", DIRECT, args], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr[-2000:]
+            results[admitted] = json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        honest.terminate()
+        honest.wait(60)
+    assert results[False] == {"parts": 0, "replies": 0}  # the rogue got neither the model nor a group
+    assert results[True]["parts"] > 0  # the same call from a peer on the roster does get the state

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID
@@ -37,6 +39,8 @@ from hivemind.proto import crypto_pb2
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
+
+logger = logging.getLogger(__name__)
 
 TOKEN_VERSION = "swarmhub-access-token/v1"  # noqa: S105 - a format tag, not a secret
 REFRESH_MARGIN = timedelta(minutes=5)  # fetch a new token this long before the current one expires
@@ -192,3 +196,134 @@ class SwarmAuthorizer(TokenAuthorizerBase):
     def does_token_need_refreshing(self, access_token: AccessToken) -> bool:
         expires = parse_expiry(access_token.expiration_time)
         return expires is None or expires - datetime.now(timezone.utc) <= self._refresh_margin
+
+
+# -- averaging and state download ------------------------------------------------------------------------
+#
+# hivemind authenticates DHT requests only: gradient averaging (rpc_join_group, rpc_aggregate_part) and state
+# download (rpc_download_state) carry no token. libp2p does authenticate the caller's peer ID, though, and a
+# peer ID is a hash of the peer's public key. So every admitted peer publishes its access token in the DHT
+# (``{run_id}_roster``, one subkey per peer ID; only admitted peers can write to the DHT at all), and the
+# averaging handlers serve a caller only when the roster holds a valid token whose key hashes to the
+# caller's peer ID. A peer that skipped the DHT, or whose token expired, gets nothing.
+
+ROSTER_REFRESH_SECONDS = 10.0
+
+
+def roster_key(run_id: str) -> str:
+    return f"{run_id}_roster"
+
+
+def peer_id_for_public_key(public_key: bytes) -> str:
+    """libp2p's peer ID of an RSA public key (OpenSSH text), as hivemind derives it for its identity."""
+    import hashlib
+
+    import multihash
+
+    der = serialization.load_ssh_public_key(public_key).public_bytes(
+        encoding=serialization.Encoding.DER, format=serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    encoded = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
+    digest = multihash.encode(hashlib.sha256(encoded).digest(), multihash.coerce_code("sha2-256"))
+    return PeerID(digest).to_base58()
+
+
+def publish_roster_entry(dht: Any, run_id: str, token: AccessToken) -> bool:
+    """Announce this peer's token so that other peers' averagers will talk to it."""
+    from hivemind.utils.timed_storage import get_dht_time
+
+    expires = parse_expiry(token.expiration_time)
+    if expires is None:
+        return False
+    ttl = max(expires.timestamp() - datetime.now(timezone.utc).timestamp(), 1.0)
+    return bool(
+        dht.store(
+            roster_key(run_id),
+            subkey=dht.peer_id.to_bytes(),
+            value=token_to_wire(token),
+            expiration_time=get_dht_time() + ttl,
+        )
+    )
+
+
+class RosterGuard:
+    """Decides, in an averager process, whether a caller's peer ID holds a valid token."""
+
+    def __init__(self, experiment_key: RSAPublicKey, run_id: str):
+        self.experiment_key = experiment_key
+        self.run_id = run_id
+        self._allowed: dict[str, float] = {}  # peer ID -> token expiry (unix seconds)
+        self._fetched_at = 0.0
+        self._lock: asyncio.Lock | None = None
+
+    def _admit(self, record: Any) -> dict[str, float]:
+        allowed: dict[str, float] = {}
+        if record is None or not isinstance(record.value, dict):
+            return allowed
+        for subkey, entry in record.value.items():
+            try:
+                token = token_from_wire(entry.value)
+                claimed = PeerID(subkey).to_base58()
+            except (KeyError, TypeError, AttributeError, ValueError):
+                continue
+            if (
+                verify_token(token, self.experiment_key, self.run_id)
+                and peer_id_for_public_key(token.public_key) == claimed
+            ):
+                expires = parse_expiry(token.expiration_time)
+                allowed[claimed] = expires.timestamp() if expires else 0.0
+        return allowed
+
+    async def allows(self, dht: Any, peer_id: Any) -> bool:
+        import time
+
+        caller = peer_id.to_base58()
+        now = time.time()
+        if self._allowed.get(caller, 0.0) > now:
+            return True
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # one roster read at a time; unknown callers cannot force more than one per period
+            if now - self._fetched_at >= ROSTER_REFRESH_SECONDS or caller not in self._allowed:
+                if now - self._fetched_at >= 1.0:
+                    record = await dht.get(roster_key(self.run_id), latest=True, return_future=True)
+                    self._allowed = self._admit(record)
+                    self._fetched_at = time.time()
+        return self._allowed.get(caller, 0.0) > time.time()
+
+
+_GUARD: RosterGuard | None = None
+
+
+def guard_averaging(experiment_key: RSAPublicKey, run_id: str) -> None:
+    """Make every hivemind averager created after this call (in this process and its children) refuse
+    callers that are not on the run's roster. Call before creating ``hivemind.Optimizer``."""
+    import functools
+    import inspect
+    import typing
+
+    from hivemind.averaging.averager import DecentralizedAverager
+
+    global _GUARD
+    _GUARD = RosterGuard(experiment_key, run_id)
+    for name in ("rpc_join_group", "rpc_aggregate_part", "rpc_download_state"):
+        original = getattr(DecentralizedAverager, name)
+        original = getattr(original, "__swarmhub_original__", original)
+
+        def make(method: Any, rpc: str) -> Any:
+            @functools.wraps(method)
+            async def guarded(self: Any, request: Any, context: Any) -> Any:
+                if _GUARD is not None and not await _GUARD.allows(self.dht, context.remote_id):
+                    logger.warning("refused %s from %s: not on the swarm's roster", rpc, context.remote_id)
+                    return
+                async for item in method(self, request, context):
+                    yield item
+
+            # hivemind reads each handler's request and response types from its annotations, by parameter name
+            hints = typing.get_type_hints(method)
+            request_name = inspect.getfullargspec(method).args[1]
+            guarded.__annotations__ = {"request": hints[request_name], "return": hints["return"]}
+            guarded.__swarmhub_original__ = method  # type: ignore[attr-defined]
+            return guarded
+
+        setattr(DecentralizedAverager, name, make(original, name))

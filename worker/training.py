@@ -195,6 +195,7 @@ def train(
     max_minutes: float | None = None,
     reporter: ReporterLike | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    on_joined: Callable[[str, list[str]], None] | None = None,
     stop_event: threading.Event | None = None,
     identity_path: Path,
     fetch_token: Callable[[], SwarmToken] | None = None,
@@ -237,7 +238,7 @@ def train(
             return StopReason.max_minutes
         return None
 
-    authorizer = _authorizer(join, identity_path, fetch_token)
+    access = _Access(join, identity_path, fetch_token)
     dht = opt = None
     with _AveragingWatcher() as watcher:
         try:
@@ -246,7 +247,7 @@ def train(
                     initial_peers=list(join.initial_peers),
                     host_maddrs=list(listen_maddrs),
                     identity_path=str(identity_path),
-                    authorizer=authorizer,
+                    authorizer=access.authorizer,
                     start=True,
                 )
             except Exception as exc:
@@ -257,6 +258,12 @@ def train(
                     "check --listen too",
                     ExitCode.UNREACHABLE,
                 ) from None
+            access.keep_published(dht)
+            maddrs = [str(m) for m in dht.get_visible_maddrs()]
+            logger.info("in the swarm as %s on %s", dht.peer_id, ", ".join(maddrs))
+            if on_joined is not None:
+                on_joined(str(dht.peer_id), maddrs)
+            swarm_access.guard_averaging(access.experiment_key, join.run_id)
             with _sigint_handler_kept():
                 opt = hivemind.Optimizer(
                     dht=dht,
@@ -284,6 +291,7 @@ def train(
                 should_stop,
                 pause=stop_event.wait,
                 min_epoch_seconds=cfg.matchmaking_time,
+                keep_access=lambda: access.keep_published(dht),
             )
         finally:
             summary.averaging_rounds = dict(watcher.rounds)
@@ -296,32 +304,40 @@ def train(
     return summary
 
 
-def _authorizer(
-    join: JoinResponse, identity_path: Path, fetch_token: Callable[[], SwarmToken] | None
-) -> swarm_access.SwarmAuthorizer:
-    key = swarm_access.load_or_create_identity(identity_path)
-    swarm_access.use_as_process_key(key)  # progress records are signed with the key the token admits
-    first = swarm_access.token_from_wire(join.swarm_token.model_dump())
-    expires = swarm_access.parse_expiry(first.expiration_time)
-    lifetime = (expires - datetime.now(timezone.utc)) if expires else swarm_access.REFRESH_MARGIN
-    current = {"token": first}
+class _Access:
+    """This peer's admission to the swarm: the DHT authorizer (which runs in hivemind's DHT process and
+    renews its own token) and the roster entry that lets other peers' averagers talk to us (renewed here)."""
 
-    def fetch() -> Any:
-        if fetch_token is not None:
+    def __init__(self, join: JoinResponse, identity_path: Path, fetch_token: Callable[[], SwarmToken] | None):
+        self.run_id = join.run_id
+        self.key = swarm_access.load_or_create_identity(identity_path)
+        swarm_access.use_as_process_key(self.key)  # progress records are signed with the key the token admits
+        self.experiment_key = swarm_access.public_key_from_text(join.experiment_public_key)
+        self.token = swarm_access.token_from_wire(join.swarm_token.model_dump())
+        expires = swarm_access.parse_expiry(self.token.expiration_time)
+        lifetime = (expires - datetime.now(timezone.utc)) if expires else swarm_access.REFRESH_MARGIN
+        self.margin = min(swarm_access.REFRESH_MARGIN, lifetime / 4)
+        self._fetch_token = fetch_token
+        self._published: str | None = None
+        self.authorizer = swarm_access.SwarmAuthorizer(
+            self.key, self.experiment_key, self.run_id, self.fetch, first_token=self.token, refresh_margin=self.margin
+        )
+
+    def fetch(self) -> Any:
+        if self._fetch_token is not None:
             try:
-                current["token"] = swarm_access.token_from_wire(fetch_token().model_dump())
+                self.token = swarm_access.token_from_wire(self._fetch_token().model_dump())
             except Exception as exc:  # the server is unreachable for now: the current token may still serve
                 logger.warning("could not renew the swarm token: %s", getattr(exc, "message", exc))
-        return current["token"]
+        return self.token
 
-    return swarm_access.SwarmAuthorizer(
-        key,
-        swarm_access.public_key_from_text(join.experiment_public_key),
-        join.run_id,
-        fetch,
-        first_token=first,
-        refresh_margin=min(swarm_access.REFRESH_MARGIN, lifetime / 4),
-    )
+    def keep_published(self, dht: Any) -> None:
+        """Renew the token when it nears expiry and (re)publish it on the roster; cheap when nothing is due."""
+        if self.authorizer.does_token_need_refreshing(self.token):
+            self.fetch()
+        if self._published != self.token.signature:
+            if swarm_access.publish_roster_entry(dht, self.run_id, self.token):
+                self._published = self.token.signature
 
 
 def _loop(
@@ -338,6 +354,7 @@ def _loop(
     *,
     pause: Callable[[float], Any],
     min_epoch_seconds: float,
+    keep_access: Callable[[], None] = lambda: None,
 ) -> None:
     started = time.monotonic()
     last_epoch_change = started
@@ -352,6 +369,7 @@ def _loop(
 
     def publish(now: float) -> None:
         nonlocal seq, window_losses, window_start
+        keep_access()
         if not window_losses:
             return
         loss = sum(window_losses) / len(window_losses)
