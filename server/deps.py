@@ -32,7 +32,10 @@ def get_session(request: Request) -> Iterator[Session]:
             raise
 
 
-DB = Annotated[Session, Depends(get_session)]
+# scope="function": commit before the response is sent. With FastAPI's default ("request") the commit ran
+# after the client already had its answer: a redirect after login could arrive before the session row
+# existed, and a failed commit could follow a 201.
+DB = Annotated[Session, Depends(get_session, scope="function")]
 AppSettings = Annotated[Settings, Depends(get_settings)]
 
 

@@ -108,7 +108,8 @@ def main() -> None:
     \b
     Volunteers:  swarmhub login --server URL;  swarmhub experiments;  swarmhub join SLUG
     Exit codes:  0 ok, 1 unexpected error, 2 usage, 3 authentication, 4 unknown experiment,
-                 5 server unreachable, 6 experiment not accepting volunteers, 130 Ctrl-C, 143 SIGTERM
+                 5 server unreachable, 6 experiment not accepting volunteers, 7 clock off,
+                 130 Ctrl-C, 143 SIGTERM
     """
 
 

@@ -117,11 +117,11 @@ def join(
     experiment = experiments.get_visible(session, slug, user)
     worker = experiments.start_worker_run(session, experiment, user, body.device)
     run_id = experiments.run_id(experiment)
-    if not settings.swarm_enabled:
-        raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
     token = experiments.swarm_token(
         experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
     )
+    if not settings.swarm_enabled:
+        raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
     maddrs = request.app.state.swarm.wait_ready(run_id, experiment.signing_key, timeout=10)
     if not maddrs:
         raise Unavailable("the experiment's swarm is starting: try again shortly", headers={"Retry-After": "3"})

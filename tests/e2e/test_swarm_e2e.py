@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -71,14 +74,16 @@ def outlived(pids: set[int], grace: float = 10.0) -> set[int]:
     return alive(pids)
 
 
-@pytest.fixture
-def server(tmp_path: Path):
+@contextlib.contextmanager
+def running_server(tmp_path: Path, **settings: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`swarmhub server` in its own process, with SWARMHUB_* settings from keyword arguments."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
         "SWARMHUB_DATA_DIR": str(tmp_path / "data"),
         "SWARMHUB_DATABASE_URL": f"sqlite:///{tmp_path / 'e2e.db'}",
+        **{f"SWARMHUB_{key.upper()}": value for key, value in settings.items()},
     }
     log = open(tmp_path / "server.log", "wb")
     process = subprocess.Popen(
@@ -86,7 +91,7 @@ def server(tmp_path: Path):
     )
     try:
         wait_healthy(url, process)
-        yield url, process, tmp_path
+        yield url, process
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -94,8 +99,7 @@ def server(tmp_path: Path):
         log.close()
 
 
-def test_two_volunteers_train_together(server):
-    url, server_process, tmp = server
+def start_experiment(url: str) -> None:
     organizer = signup(url, "organizer")
     headers = {"Authorization": f"Bearer {organizer}"}
     created = httpx.post(
@@ -113,11 +117,13 @@ def test_two_volunteers_train_together(server):
         },
     )
     assert created.status_code == 201, created.text
-    assert (
-        httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=headers, json={"action": "start"}).json()["status"]
-        == "running"
-    )
+    started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=headers, json={"action": "start"})
+    assert started.json()["status"] == "running"
 
+
+def run_volunteers(url: str, tmp: Path, limit: list[str]) -> set[int]:
+    """Two volunteers sign up, log in with the CLI and run `swarmhub join` with ``limit`` until it ends.
+    Returns the PIDs of every process the workers started."""
     workers, seen_children = [], set()
     for name in ("ada", "grace"):
         token = signup(url, name)
@@ -133,19 +139,8 @@ def test_two_volunteers_train_together(server):
         )
         assert login.returncode == 0, login.stderr
         out = open(tmp / f"{name}.out", "wb")
-        workers.append(
-            (
-                name,
-                out,
-                subprocess.Popen(
-                    [*SWARMHUB, "join", SLUG, "--max-steps", "40", "--listen", "/ip4/127.0.0.1/tcp/0"],
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                ),
-            )
-        )
-
+        command = [*SWARMHUB, "join", SLUG, *limit, "--listen", "/ip4/127.0.0.1/tcp/0"]
+        workers.append((name, out, subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)))
     deadline = time.monotonic() + 300
     for _, _, process in workers:
         while process.poll() is None and time.monotonic() < deadline:
@@ -156,35 +151,61 @@ def test_two_volunteers_train_together(server):
         output = (tmp / f"{name}.out").read_text(errors="replace")
         assert process.returncode == 0, f"{name} exited {process.returncode}:\n{output[-3000:]}"
         assert "Traceback" not in output
+    return seen_children
 
-    # Both averaged with each other over at least three swarm epochs.
+
+def averaged_epochs(tmp: Path, since: float = 0.0) -> list[tuple[str, int]]:
+    """Per volunteer: how many distinct swarm epochs it reported as averaged with both peers."""
     engine = sa.create_engine(f"sqlite:///{tmp / 'e2e.db'}")
     with engine.connect() as conn:
         rows = conn.execute(
             sa.text(
                 "SELECT u.username, COUNT(DISTINCT p.epoch) FROM metric_points p "
                 "JOIN worker_runs w ON w.id = p.worker_run_id JOIN users u ON u.id = w.user_id "
-                "WHERE p.averaged_peers = 2 GROUP BY u.username ORDER BY u.username"
-            )
+                "WHERE p.averaged_peers = 2 AND p.received_at >= :since GROUP BY u.username ORDER BY u.username"
+            ),
+            {"since": datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")},
         ).all()
     engine.dispose()
-    assert [name for name, _ in rows] == ["ada", "grace"]
-    assert all(epochs >= 3 for _, epochs in rows), rows
+    return [(name, count) for name, count in rows]
 
-    board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard").json()
-    assert sorted(entry["username"] for entry in board) == ["ada", "grace"]
-    assert all(entry["samples"] > 0 for entry in board)
 
-    series = httpx.get(f"{url}/api/experiments/{SLUG}/metrics").json()["series"]
-    assert len(series) >= 4
-    assert series[-1]["loss"] < series[0]["loss"]
+def test_two_volunteers_train_together(tmp_path):
+    with running_server(tmp_path) as (url, server_process):
+        start_experiment(url)
+        seen_children = run_volunteers(url, tmp_path, ["--max-steps", "40"])
 
-    # Nothing the workers started outlives them; the server's swarm peer goes with the server.
-    assert seen_children, "the workers should have started hivemind helper processes"
-    assert outlived(seen_children) == set()
-    server_children = descendants(server_process)
-    assert server_children, "the server should run a swarm peer for the running experiment"
-    server_process.send_signal(signal.SIGTERM)
-    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal: -SIGTERM is its clean exit.
-    assert server_process.wait(60) in (0, -signal.SIGTERM)
-    assert outlived(server_children) == set()
+        # Both averaged with each other over at least three swarm epochs.
+        rows = averaged_epochs(tmp_path)
+        assert [name for name, _ in rows] == ["ada", "grace"]
+        assert all(epochs >= 3 for _, epochs in rows), rows
+
+        board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard").json()
+        assert sorted(entry["username"] for entry in board) == ["ada", "grace"]
+        assert all(entry["samples"] > 0 for entry in board)
+
+        series = httpx.get(f"{url}/api/experiments/{SLUG}/metrics").json()["series"]
+        assert len(series) >= 4
+        assert series[-1]["loss"] < series[0]["loss"]
+
+        # Nothing the workers started outlives them; the server's swarm peer goes with the server.
+        assert seen_children, "the workers should have started hivemind helper processes"
+        assert outlived(seen_children) == set()
+        server_children = descendants(server_process)
+        assert server_children, "the server should run a swarm peer for the running experiment"
+        server_process.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal: -SIGTERM is its clean exit.
+        assert server_process.wait(60) in (0, -signal.SIGTERM)
+        assert outlived(server_children) == set()
+
+
+def test_swarm_tokens_are_renewed_over_several_lifetimes(tmp_path):
+    """With 15-second swarm tokens, a one-minute run outlives four of them: every peer renews its token
+    (workers through the server, the server's peer by itself) and averaging goes on to the end."""
+    with running_server(tmp_path, swarm_token_minutes="0.25") as (url, _):
+        start_experiment(url)
+        started = time.time()
+        run_volunteers(url, tmp_path, ["--max-minutes", "1"])
+        late = averaged_epochs(tmp_path, since=started + 45)  # after three token lifetimes
+    assert [name for name, _ in late] == ["ada", "grace"], late
+    assert all(epochs >= 2 for _, epochs in late), late
