@@ -89,9 +89,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     live = LiveHub(settings.live_interval_seconds)
     wake = asyncio.Event()
 
-    def running_run_ids() -> dict[str, str]:
+    def running_run_ids() -> dict[str, tuple[str, list[str]]]:
         with app.state.sessionmaker() as session:
-            return {experiments.run_id(e): e.signing_key for e in experiments.running(session)}
+            return {
+                experiments.run_id(e): (e.signing_key, experiments.banned_usernames(session, e))
+                for e in experiments.running(session)
+            }
 
     async def reconcile_forever() -> None:
         while True:

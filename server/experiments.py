@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
-from sqlalchemy import or_, select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
 from swarmhub.worker import swarm_access
@@ -23,7 +23,7 @@ from swarmhub.worker.protocol import (
 from swarmhub.worker.tasks import UnknownTask, get_task
 
 from .errors import BadRequest, Conflict, Forbidden, NotFound
-from .models import Experiment, User, WorkerRun
+from .models import Experiment, ExperimentBan, User, WorkerRun
 
 # Which status an action moves an experiment to, and from which statuses it may.
 TRANSITIONS: dict[str, tuple[set[ExperimentStatus], ExperimentStatus]] = {
@@ -224,6 +224,7 @@ def change_status(session: Session, experiment: Experiment, action: str) -> Expe
 
 
 def start_worker_run(session: Session, experiment: Experiment, user: User, device: str) -> WorkerRun:
+    _refuse_banned(session, experiment, user)
     if experiment.status != ExperimentStatus.running:
         raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
     worker = WorkerRun(id=uuid.uuid4().hex, experiment_id=experiment.id, user_id=user.id, device=device)
@@ -232,8 +233,11 @@ def start_worker_run(session: Session, experiment: Experiment, user: User, devic
     return worker
 
 
-def swarm_token(experiment: Experiment, user: User, peer_public_key: str, lifetime: timedelta) -> SwarmToken:
+def swarm_token(
+    session: Session, experiment: Experiment, user: User, peer_public_key: str, lifetime: timedelta
+) -> SwarmToken:
     """Admit one peer key of ``user`` to the experiment's swarm for ``lifetime`` (running experiments only)."""
+    _refuse_banned(session, experiment, user)
     if experiment.status != ExperimentStatus.running:
         raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
     try:
@@ -251,6 +255,48 @@ def swarm_token(experiment: Experiment, user: User, peer_public_key: str, lifeti
 
 def experiment_public_key(experiment: Experiment) -> str:
     return swarm_access.der_public_text(experiment.signing_key)
+
+
+def banned_usernames(session: Session, experiment: Experiment) -> list[str]:
+    stmt = (
+        select(User.username)
+        .join(ExperimentBan, ExperimentBan.user_id == User.id)
+        .where(ExperimentBan.experiment_id == experiment.id)
+        .order_by(User.username)
+    )
+    return list(session.scalars(stmt))
+
+
+def is_banned(session: Session, experiment: Experiment, user: User) -> bool:
+    stmt = select(ExperimentBan.id).where(
+        ExperimentBan.experiment_id == experiment.id, ExperimentBan.user_id == user.id
+    )
+    return session.scalar(stmt) is not None
+
+
+def ban(session: Session, experiment: Experiment, username: str) -> None:
+    """Remove a volunteer: no more tokens from now on, and every peer refuses them once it polls."""
+    user = session.scalar(select(User).where(User.username == username))
+    if user is None:
+        raise NotFound(f"no user {username!r}", field="username")
+    if user.id == experiment.owner_id:
+        raise Conflict("the organizer cannot remove themselves", field="username")
+    if not is_banned(session, experiment, user):
+        session.add(ExperimentBan(experiment_id=experiment.id, user_id=user.id))
+        session.flush()
+
+
+def unban(session: Session, experiment: Experiment, username: str) -> None:
+    user = session.scalar(select(User).where(User.username == username))
+    if user is not None:
+        session.execute(
+            delete(ExperimentBan).where(ExperimentBan.experiment_id == experiment.id, ExperimentBan.user_id == user.id)
+        )
+
+
+def _refuse_banned(session: Session, experiment: Experiment, user: User) -> None:
+    if is_banned(session, experiment, user):
+        raise Forbidden(f"you were removed from {experiment.slug!r} by its organizer")
 
 
 def running(session: Session) -> list[Experiment]:

@@ -141,6 +141,20 @@ class Experiment(Base):
     owner: Mapped[User] = relationship(lazy="joined")
 
 
+class ExperimentBan(Base):
+    """A volunteer the organizer removed: no more tokens, and every peer refuses them (the deny-list)."""
+
+    __tablename__ = "experiment_bans"
+    __table_args__ = (UniqueConstraint("experiment_id", "user_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    user: Mapped[User] = relationship(lazy="joined")
+
+
 class WorkerRun(Base):
     """One `swarmhub join` of one volunteer: the unit that reports metrics and earns samples."""
 

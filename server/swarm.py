@@ -104,15 +104,27 @@ class SwarmHost:
         _terminate(peer.process, timeout)
         logger.info("stopped swarm peer for %s", run_id)
 
-    def reconcile(self, running: dict[str, str]) -> None:
-        """Run exactly one peer per running experiment (run_id -> signing key); restart any that died."""
+    def reconcile(self, running: dict[str, tuple[str, list[str]]]) -> None:
+        """Run exactly one peer per running experiment (run_id -> signing key, removed usernames); restart
+        any that died; keep each peer's deny-list file current."""
         if not self.enabled:
             return
         for run_id in list(self._peers):
             if run_id not in running:
                 self.stop(run_id)
-        for run_id, signing_key in running.items():
+        for run_id, (signing_key, denied) in running.items():
+            self.write_denied(run_id, denied)
             self.start(run_id, signing_key)
+
+    def write_denied(self, run_id: str, usernames: list[str]) -> None:
+        folder = self.data_dir / "peers"
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = folder / f"{run_id}.deny"
+        text = "".join(f"{name}\n" for name in usernames)
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_suffix(".deny.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)  # the peer never reads half a list
 
     def wait_ready(self, run_id: str, signing_key: str, timeout: float) -> list[str] | None:
         if not self.enabled:

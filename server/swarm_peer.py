@@ -102,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     def mint() -> Any:  # this peer is the server's own: it signs its token itself, as "swarmhub"
         return swarm_access.sign_token(signing_key, args.run_id, "swarmhub", public_key, lifetime)
 
+    deny_file = Path(args.signing_key_file).with_suffix(".deny")
+
+    def denied() -> set[str]:  # the server keeps this file current (one username a line)
+        return set(deny_file.read_text().split()) if deny_file.exists() else set()
+
     authorizer = swarm_access.SwarmAuthorizer(
         own_key,
         signing_key.get_public_key(),
@@ -109,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         mint,
         first_token=mint(),
         refresh_margin=min(swarm_access.REFRESH_MARGIN, lifetime / 4),
+        denied=swarm_access.DenyList(denied),
     )
     dht = hivemind.DHT(
         host_maddrs=[f"/ip4/{args.host}/tcp/{args.port}"],

@@ -219,3 +219,32 @@ def test_healthz_and_openapi(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/api/experiments", "/api/experiments/{slug}/join", "/api/experiments/{slug}/leaderboard"} <= set(paths)
+
+
+def test_organizer_removes_a_volunteer(client, db):
+    owner = make_user(db)
+    make_user(db, "bob")
+    make_user(db, "mallory")
+    make_experiment(db, owner, slug="open", status="running")
+    organizer, bob = api_token(client), api_token(client, "bob")
+    body = {"peer_public_key": PEER_KEY}
+    assert client.post("/api/experiments/open/swarm-token", json=body, headers=bob).status_code == 200
+
+    assert (
+        client.post(
+            "/api/experiments/open/bans", json={"username": "bob"}, headers=api_token(client, "mallory")
+        ).status_code
+        == 403
+    )
+    assert client.post("/api/experiments/open/bans", json={"username": "nobody"}, headers=organizer).status_code == 404
+    assert client.post("/api/experiments/open/bans", json={"username": "bob"}, headers=organizer).status_code == 204
+
+    refused = client.post("/api/experiments/open/swarm-token", json=body, headers=bob)
+    assert refused.status_code == 403
+    assert refused.json()["detail"] == "you were removed from 'open' by its organizer"
+    assert client.post("/api/experiments/open/join", json=body, headers=bob).status_code == 403
+    assert client.get("/api/experiments/open/denylist", headers=bob).json() == {"usernames": ["bob"]}
+
+    assert client.delete("/api/experiments/open/bans/bob", headers=organizer).status_code == 204
+    assert client.get("/api/experiments/open/denylist", headers=bob).json() == {"usernames": []}
+    assert client.post("/api/experiments/open/swarm-token", json=body, headers=bob).status_code == 200

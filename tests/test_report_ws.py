@@ -147,3 +147,18 @@ def test_live_channel_hides_drafts(client, db):
         with client.websocket_connect("/ws/experiments/hidden/live"):
             pass
     assert denied.value.status_code == 404
+
+
+def test_removed_volunteer_is_told_and_nothing_more_is_stored(client, db, swarm):
+    headers, worker_id = swarm["bob"]
+    organizer, _ = swarm["alice"]
+    with client.websocket_connect(url(worker_id), headers=headers) as ws:
+        ws.send_text(report(0))
+        assert json.loads(ws.receive_text())["type"] == "ack"
+        assert client.post("/api/experiments/live/bans", json={"username": "bob"}, headers=organizer).status_code == 204
+        ws.send_text(report(1))
+        control = json.loads(ws.receive_text())
+        with pytest.raises(WebSocketDisconnect):
+            ws.receive_text()
+    assert control["removed"] is True and control["type"] == "control"
+    assert stored(db) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -153,7 +154,9 @@ from swarmhub.worker.protocol import JoinResponse
 from swarmhub.worker.training import train
 
 join = JoinResponse.model_validate_json(sys.argv[1])
+deny_file = Path(sys.argv[3])
 train(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], max_minutes=2, identity_path=Path(sys.argv[2]),
+      denied=lambda: set(deny_file.read_text().split()) if deny_file.exists() else set(),
       on_joined=lambda peer_id, maddrs: print(json.dumps({"peer_id": peer_id, "maddrs": maddrs}), flush=True),
       on_progress=lambda progress: print("training", flush=True))
 """
@@ -226,8 +229,9 @@ def test_averaging_and_state_download_refuse_peers_off_the_roster(server_peer, t
     swarm = Swarm(maddrs, run_id, swarm_access.signing_key_from_text(key_text))
     identity = tmp_path / "honest.key"
     join = make_join(swarm, worker_id="honest", identity=identity)
+    deny_file = tmp_path / "denied"
     honest = subprocess.Popen(
-        [sys.executable, "-c", HONEST, join.model_dump_json(), str(identity)],
+        [sys.executable, "-c", HONEST, join.model_dump_json(), str(identity), str(deny_file)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -235,14 +239,37 @@ def test_averaging_and_state_download_refuse_peers_off_the_roster(server_peer, t
     try:
         where = json.loads(honest.stdout.readline())
         assert honest.stdout.readline().strip() == "training"  # its averagers are up
-        results = {}
-        for admitted in (False, True):
+
+        def direct(admitted: bool) -> dict:
             args = json.dumps([where["maddrs"], where["peer_id"], maddrs, run_id, key_text, admitted])
             done = subprocess.run([sys.executable, "-c", DIRECT, args], capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr[-2000:]
-            results[admitted] = json.loads(done.stdout.strip().splitlines()[-1])
+            return json.loads(done.stdout.strip().splitlines()[-1])
+
+        rogue, admitted = direct(False), direct(True)
+        # The organizer removes "ada": within the stated bound the honest peer serves her nothing more,
+        # even with a fresh, validly signed token.
+        deny_file.write_text("ada\n")
+        time.sleep(swarm_access.DENY_POLL_SECONDS + 2)
+        removed = direct(True)
     finally:
         honest.terminate()
         honest.wait(60)
-    assert results[False] == {"parts": 0, "replies": 0}  # the rogue got neither the model nor a group
-    assert results[True]["parts"] > 0  # the same call from a peer on the roster does get the state
+    assert rogue == {"parts": 0, "replies": 0}  # the rogue got neither the model nor a group
+    assert admitted["parts"] > 0  # the same call from a peer on the roster does get the state
+    assert removed == {"parts": 0, "replies": 0}
+
+
+@pytest.mark.swarm
+def test_removed_volunteer_cannot_enter_the_dht(server_peer, tmp_path):
+    """The server's own peer reads the deny-list the server keeps beside its key, and refuses the user."""
+    maddrs, run_id, key_text = server_peer
+    (tmp_path / "signing.deny").write_text("ada\n")  # what SwarmHost.write_denied keeps current
+    time.sleep(swarm_access.DENY_POLL_SECONDS + 1)
+    result = subprocess.run(
+        [sys.executable, "-c", ROGUE, json.dumps([maddrs, run_id, key_text, "valid"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert json.loads(result.stdout.strip().splitlines()[-1])["entered"] is False

@@ -33,6 +33,7 @@ from .client import (
     normalize_server_url,
     not_accepting,
     not_logged_in,
+    removed,
 )
 from .credentials import (
     StoredCredentials,
@@ -283,6 +284,10 @@ def join(
         with ApiClient(client.server_url, token, user_agent=USER_AGENT) as refresher:
             return refresher.swarm_token(joined, public_key)
 
+    def denied() -> set[str]:
+        with ApiClient(client.server_url, token, user_agent=USER_AGENT) as poller:
+            return poller.denylist(slug)
+
     click.echo(
         f"Joined {slug!r} ({joined.experiment.title}) as {joined.username}: training "
         f"{joined.experiment.task} on {torch_device}. Ctrl-C to leave."
@@ -300,6 +305,7 @@ def join(
         restore_stderr=False,  # the process exits next
         identity_path=identity_path,
         fetch_token=fetch_token,
+        denied=denied,
     )
     raise click.exceptions.Exit(code)
 
@@ -318,6 +324,7 @@ def run_session(
     restore_stderr: bool = True,
     identity_path: Path,
     fetch_token: Callable[[], SwarmToken] | None = None,
+    denied: Callable[[], set[str]] | None = None,
 ) -> int:
     """Train with the swarm as ``swarmhub join`` does, and return the exit code.
 
@@ -350,6 +357,7 @@ def run_session(
                     stop_event=stop,
                     identity_path=identity_path,
                     fetch_token=fetch_token,
+                    denied=denied,
                 )
             except WorkerError as exc:
                 error = exc
@@ -372,7 +380,10 @@ def run_session(
             )
             if summary.stop_reason == StopReason.control and summary.control is not None:
                 logger.info("stopped by the server: %s", summary.control.message)
-                error = not_accepting(joined.experiment.slug, summary.control.status.value)
+                if summary.control.removed:
+                    error = removed(joined.experiment.slug)
+                else:
+                    error = not_accepting(joined.experiment.slug, summary.control.status.value)
             elif summary.stop_reason == StopReason.fatal and summary.fatal is not None:
                 error = summary.fatal
         if error is not None and first_signal is None:

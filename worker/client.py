@@ -14,6 +14,7 @@ code  meaning
 5     server unreachable or server error (also: the swarm's bootstrap peers did not answer)
 6     experiment not accepting volunteers (not running, or stopped by its organizer while joined)
 7     this machine's clock is too far off the server's (the swarm refuses requests over 60 s off)
+8     removed from the experiment by its organizer
 130   interrupted by Ctrl-C
 143   terminated by SIGTERM
 ====  ==========================================================================================
@@ -30,6 +31,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .protocol import (
+    DenyListPublic,
     DeviceCode,
     ExperimentSummary,
     JoinRequest,
@@ -56,6 +58,7 @@ class ExitCode(IntEnum):
     UNREACHABLE = 5
     NOT_ACCEPTING = 6
     CLOCK = 7
+    REMOVED = 8
     INTERRUPTED = 130
     TERMINATED = 143
 
@@ -286,6 +289,18 @@ class ApiClient:
             raise not_accepting(join.experiment.slug, "not running")
         self._raise_for_status(response, slug=join.experiment.slug)
         return self._parse(SwarmToken, response)
+
+    def denylist(self, slug: str) -> set[str]:
+        """Usernames removed from the experiment: every peer refuses their requests."""
+        response = self._send("GET", f"/api/experiments/{quote(slug, safe='')}/denylist", auth=True)
+        self._raise_for_status(response, slug=slug)
+        return set(self._parse(DenyListPublic, response).usernames)
+
+
+def removed(slug: str) -> WorkerError:
+    return WorkerError(
+        f"You were removed from {slug!r} by its organizer: this machine no longer trains it", ExitCode.REMOVED
+    )
 
 
 MAX_CLOCK_SKEW_SECONDS = 30.0

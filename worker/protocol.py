@@ -142,11 +142,12 @@ class Ack(BaseModel):
 
 
 class Control(BaseModel):
-    """Server to worker: the experiment changed state (a worker stops unless it is `running`)."""
+    """Server to worker: stop. The experiment is no longer `running`, or this volunteer was removed."""
 
     type: Literal["control"] = "control"
     status: ExperimentStatus
     message: str = ""
+    removed: bool = Field(default=False, description="The organizer removed this volunteer from the experiment")
 
 
 class DeviceCode(BaseModel):
@@ -164,6 +165,12 @@ class TokenResponse(BaseModel):
     access_token: str
     token_type: Literal["bearer"] = "bearer"  # noqa: S105 - the OAuth token type, not a secret
     username: str
+
+
+class DenyListPublic(BaseModel):
+    """`GET /api/experiments/{slug}/denylist`: whom every peer of the swarm must refuse."""
+
+    usernames: list[str]
 
 
 class Me(BaseModel):

@@ -6,7 +6,8 @@ connects with ``async for ws in connect(...)`` (websockets reconnects by itself,
 backoff, after network errors), sends the buffer in order and drops a message only once the server has
 acknowledged it with ``Ack{seq}``; after a reconnect everything unacknowledged is sent again, in order.
 
-The server may answer ``Control{status, message}``: when ``status`` is not ``running`` the reporter
+The server may answer ``Control{status, message, removed}``: when ``status`` is not ``running``, or the
+volunteer was removed, the reporter
 exposes it as :attr:`Reporter.control` and the training loop stops. A handshake refused with HTTP
 401/403/404 (or another client error) is fatal: it is exposed as :attr:`Reporter.fatal`.
 """
@@ -121,7 +122,7 @@ class Reporter:
 
     @property
     def control(self) -> Control | None:
-        """The server's last ``Control`` whose status is not ``running`` (the worker must stop), if any."""
+        """The server's last ``Control`` that stops the worker (not ``running``, or removed), if any."""
         return self._control
 
     @property
@@ -280,5 +281,5 @@ class Reporter:
             self._wake.set()
 
     def _on_control(self, control: Control) -> None:
-        if control.status != ExperimentStatus.running:
+        if control.status != ExperimentStatus.running or control.removed:
             self._control = control

@@ -166,6 +166,49 @@ def der_public_text(private_der_text: str) -> str:
     )
 
 
+DENY_POLL_SECONDS = 5.0  # with the roster cache this bounds how long a banned volunteer is still served
+
+
+class DenyList:
+    """Usernames the organizer removed from the experiment, refreshed in the background.
+
+    ``source`` returns the current set (the worker asks the server; the server's peer reads a file the server
+    keeps). hivemind runs authorizers and averagers in forked processes, so each process that consults the
+    list starts its own polling thread on first use; lookups never block on the network.
+    """
+
+    def __init__(self, source: Callable[[], set[str]] | None = None, interval: float = DENY_POLL_SECONDS):
+        self._source = source
+        self._interval = interval
+        self._denied: frozenset[str] = frozenset()
+        self._pid: int | None = None
+
+    def _poll(self) -> None:
+        import time
+
+        while True:
+            try:
+                self._denied = frozenset(self._source() if self._source else ())
+            except Exception as exc:  # keep the last known list while the source is unreachable
+                logger.warning("could not refresh the deny-list: %s", getattr(exc, "message", exc))
+            time.sleep(self._interval)
+
+    def __contains__(self, username: object) -> bool:
+        if self._source is not None and self._pid != os.getpid():
+            import threading
+
+            self._pid = os.getpid()
+            self._denied = frozenset(self._safe_first_read())
+            threading.Thread(target=self._poll, daemon=True, name="swarmhub-denylist").start()
+        return username in self._denied
+
+    def _safe_first_read(self) -> set[str]:
+        try:
+            return set(self._source()) if self._source else set()
+        except Exception:
+            return set(self._denied)
+
+
 class SwarmAuthorizer(TokenAuthorizerBase):
     """hivemind's token protocol with swarmhub's tokens: ``fetch`` gets a fresh token (from the server, or
     minted locally by the server's own peer) whenever the current one is within REFRESH_MARGIN of expiry."""
@@ -178,10 +221,12 @@ class SwarmAuthorizer(TokenAuthorizerBase):
         fetch: Callable[[], AccessToken],
         first_token: AccessToken | None = None,
         refresh_margin: timedelta = REFRESH_MARGIN,
+        denied: DenyList | None = None,
     ):
         super().__init__(local_key)
         self.experiment_key = experiment_key
         self.run_id = run_id
+        self.denied = denied or DenyList()
         self._fetch = fetch
         self._refresh_margin = refresh_margin
         if first_token is not None:
@@ -191,7 +236,9 @@ class SwarmAuthorizer(TokenAuthorizerBase):
         return await asyncio.get_running_loop().run_in_executor(None, self._fetch)
 
     def is_token_valid(self, access_token: AccessToken) -> bool:
-        return verify_token(access_token, self.experiment_key, self.run_id)
+        return verify_token(access_token, self.experiment_key, self.run_id) and (
+            access_token.username not in self.denied or access_token.public_key == self._local_public_key.to_bytes()
+        )
 
     def does_token_need_refreshing(self, access_token: AccessToken) -> bool:
         expires = parse_expiry(access_token.expiration_time)
@@ -249,9 +296,11 @@ def publish_roster_entry(dht: Any, run_id: str, token: AccessToken) -> bool:
 class RosterGuard:
     """Decides, in an averager process, whether a caller's peer ID holds a valid token."""
 
-    def __init__(self, experiment_key: RSAPublicKey, run_id: str):
+    def __init__(self, experiment_key: RSAPublicKey, run_id: str, denied: DenyList | None = None):
         self.experiment_key = experiment_key
         self.run_id = run_id
+        self.denied = denied or DenyList()
+        self._usernames: dict[str, str] = {}  # peer ID -> username of its token
         self._allowed: dict[str, float] = {}  # peer ID -> token expiry (unix seconds)
         self._fetched_at = 0.0
         self._lock: asyncio.Lock | None = None
@@ -272,6 +321,7 @@ class RosterGuard:
             ):
                 expires = parse_expiry(token.expiration_time)
                 allowed[claimed] = expires.timestamp() if expires else 0.0
+                self._usernames[claimed] = token.username
         return allowed
 
     async def allows(self, dht: Any, peer_id: Any) -> bool:
@@ -279,6 +329,8 @@ class RosterGuard:
 
         caller = peer_id.to_base58()
         now = time.time()
+        if self._usernames.get(caller) in self.denied:
+            return False
         if self._allowed.get(caller, 0.0) > now:
             return True
         if self._lock is None:
@@ -289,13 +341,13 @@ class RosterGuard:
                     record = await dht.get(roster_key(self.run_id), latest=True, return_future=True)
                     self._allowed = self._admit(record)
                     self._fetched_at = time.time()
-        return self._allowed.get(caller, 0.0) > time.time()
+        return self._allowed.get(caller, 0.0) > time.time() and self._usernames.get(caller) not in self.denied
 
 
 _GUARD: RosterGuard | None = None
 
 
-def guard_averaging(experiment_key: RSAPublicKey, run_id: str) -> None:
+def guard_averaging(experiment_key: RSAPublicKey, run_id: str, denied: DenyList | None = None) -> None:
     """Make every hivemind averager created after this call (in this process and its children) refuse
     callers that are not on the run's roster. Call before creating ``hivemind.Optimizer``."""
     import functools
@@ -305,7 +357,7 @@ def guard_averaging(experiment_key: RSAPublicKey, run_id: str) -> None:
     from hivemind.averaging.averager import DecentralizedAverager
 
     global _GUARD
-    _GUARD = RosterGuard(experiment_key, run_id)
+    _GUARD = RosterGuard(experiment_key, run_id, denied)
     for name in ("rpc_join_group", "rpc_aggregate_part", "rpc_download_state"):
         original = getattr(DecentralizedAverager, name)
         original = getattr(original, "__swarmhub_original__", original)

@@ -199,6 +199,7 @@ def train(
     stop_event: threading.Event | None = None,
     identity_path: Path,
     fetch_token: Callable[[], SwarmToken] | None = None,
+    denied: Callable[[], set[str]] | None = None,
 ) -> TrainingSummary:
     """Train ``join.experiment`` with the swarm until a limit, ``stop_event``, or the server says stop.
 
@@ -238,7 +239,8 @@ def train(
             return StopReason.max_minutes
         return None
 
-    access = _Access(join, identity_path, fetch_token)
+    deny_list = swarm_access.DenyList(denied)
+    access = _Access(join, identity_path, fetch_token, deny_list)
     dht = opt = None
     with _AveragingWatcher() as watcher:
         try:
@@ -263,7 +265,7 @@ def train(
             logger.info("in the swarm as %s on %s", dht.peer_id, ", ".join(maddrs))
             if on_joined is not None:
                 on_joined(str(dht.peer_id), maddrs)
-            swarm_access.guard_averaging(access.experiment_key, join.run_id)
+            swarm_access.guard_averaging(access.experiment_key, join.run_id, deny_list)
             with _sigint_handler_kept():
                 opt = hivemind.Optimizer(
                     dht=dht,
@@ -308,7 +310,13 @@ class _Access:
     """This peer's admission to the swarm: the DHT authorizer (which runs in hivemind's DHT process and
     renews its own token) and the roster entry that lets other peers' averagers talk to us (renewed here)."""
 
-    def __init__(self, join: JoinResponse, identity_path: Path, fetch_token: Callable[[], SwarmToken] | None):
+    def __init__(
+        self,
+        join: JoinResponse,
+        identity_path: Path,
+        fetch_token: Callable[[], SwarmToken] | None,
+        deny_list: swarm_access.DenyList,
+    ):
         self.run_id = join.run_id
         self.key = swarm_access.load_or_create_identity(identity_path)
         swarm_access.use_as_process_key(self.key)  # progress records are signed with the key the token admits
@@ -320,7 +328,13 @@ class _Access:
         self._fetch_token = fetch_token
         self._published: str | None = None
         self.authorizer = swarm_access.SwarmAuthorizer(
-            self.key, self.experiment_key, self.run_id, self.fetch, first_token=self.token, refresh_margin=self.margin
+            self.key,
+            self.experiment_key,
+            self.run_id,
+            self.fetch,
+            first_token=self.token,
+            refresh_margin=self.margin,
+            denied=deny_list,
         )
 
     def fetch(self) -> Any:

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from swarmhub.worker.protocol import (
+    DenyListPublic,
     DeviceCode,
     ExperimentSummary,
     JoinRequest,
@@ -118,7 +119,7 @@ def join(
     worker = experiments.start_worker_run(session, experiment, user, body.device)
     run_id = experiments.run_id(experiment)
     token = experiments.swarm_token(
-        experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
+        session, experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
     )
     if not settings.swarm_enabled:
         raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
@@ -146,8 +147,34 @@ def refresh_swarm_token(
     """A fresh token for a peer that already joined; refused once the experiment stops running."""
     experiment = experiments.get_visible(session, slug, user)
     return experiments.swarm_token(
-        experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
+        session, experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
     )
+
+
+class BanRequest(BaseModel):
+    username: str = Field(min_length=1, max_length=32)
+
+
+@router.post("/experiments/{slug}/bans", status_code=204)
+def ban_volunteer(slug: str, body: BanRequest, session: DB, user: CurrentUser, request: Request) -> Response:
+    """Remove a volunteer from the experiment (organizer only)."""
+    experiments.ban(session, experiments.get_managed(session, slug, user), body.username)
+    request.app.state.reconcile_soon()  # the server's peer gets the new deny-list at once
+    return Response(status_code=204)
+
+
+@router.delete("/experiments/{slug}/bans/{username}", status_code=204)
+def unban_volunteer(slug: str, username: str, session: DB, user: CurrentUser, request: Request) -> Response:
+    experiments.unban(session, experiments.get_managed(session, slug, user), username)
+    request.app.state.reconcile_soon()
+    return Response(status_code=204)
+
+
+@router.get("/experiments/{slug}/denylist", response_model=DenyListPublic)
+def denylist(slug: str, session: DB, user: CurrentUser) -> DenyListPublic:
+    """Whom the swarm's peers must refuse; polled by every worker."""
+    experiment = experiments.get_visible(session, slug, user)
+    return DenyListPublic(usernames=experiments.banned_usernames(session, experiment))
 
 
 @router.get("/experiments/{slug}/leaderboard", response_model=list[metrics.LeaderboardEntry])

@@ -215,9 +215,11 @@ async def create_experiment(request: Request, session: DB, user: RequiredPageUse
 @router.get("/experiments/{slug}")
 def dashboard(request: Request, slug: str, session: DB, user: PageUser, web: WebSess) -> Response:
     experiment = experiments.get_visible(session, slug, user)
+    can_manage = experiments.can_manage(experiment, user)
     context = {
         "experiment": experiment,
-        "can_manage": experiments.can_manage(experiment, user),
+        "can_manage": can_manage,
+        "banned": experiments.banned_usernames(session, experiment) if can_manage else [],
         "actions": [a for a, (src, _) in experiments.TRANSITIONS.items() if experiment.status in src],
     }
     return render(request, "dashboard.html", context, user=user, web=web)
@@ -256,6 +258,20 @@ async def change_status(request: Request, slug: str, session: DB, user: Required
     if action not in experiments.TRANSITIONS:
         raise AppError(f"unknown action {action!r}", field="action")
     experiments.change_status(session, experiments.get_managed(session, slug, user), action)
+    request.app.state.reconcile_soon()
+    return _see_other(f"/experiments/{slug}")
+
+
+@router.post("/experiments/{slug}/bans", dependencies=[CSRF])
+async def change_ban(request: Request, slug: str, session: DB, user: RequiredPageUser) -> Response:
+    """Remove a volunteer (or let them back in) from the experiment's page."""
+    form = await request.form()
+    experiment = experiments.get_managed(session, slug, user)
+    username = str(form.get("username", "")).strip()[:32]
+    if form.get("action") == "unban":
+        experiments.unban(session, experiment, username)
+    else:
+        experiments.ban(session, experiment, username)
     request.app.state.reconcile_soon()
     return _see_other(f"/experiments/{slug}")
 

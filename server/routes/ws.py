@@ -49,13 +49,20 @@ def _authorize(app: Any, token: str | None, slug: str, worker_id: str) -> tuple[
         return worker.id, experiment.slug
 
 
-def _store(app: Any, worker_id: str, report: MetricReport) -> str:
-    """Store a report; returns the experiment's status so the worker can be told to stop."""
+def _store(app: Any, worker_id: str, report: MetricReport) -> Control | None:
+    """Store a report; returns what stops the worker, if anything (a paused experiment, a removal)."""
     with app.state.sessionmaker.begin() as session:
         worker = session.get(WorkerRun, worker_id)
         assert worker is not None
+        experiment = session.get(Experiment, worker.experiment_id)
+        assert experiment is not None
+        status = ExperimentStatus(experiment.status)
+        if experiments.is_banned(session, experiment, worker.user):
+            return Control(status=status, removed=True, message="the organizer removed you from this experiment")
         metrics.ingest(session, worker, report)
-        return session.get(Experiment, worker.experiment_id).status  # type: ignore[union-attr]
+        if status != ExperimentStatus.running:
+            return Control(status=status, message=f"the organizer set this experiment to {status.value}")
+        return None
 
 
 @router.websocket("/ws/experiments/{slug}/report")
@@ -90,12 +97,15 @@ async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
                 field = ".".join(str(p) for p in first["loc"]) or "message"
                 await websocket.close(POLICY_VIOLATION, f"invalid report: {field}: {first['msg']}"[:120])
                 return
-            status = await run_in_threadpool(_store, app, worker_id, message)
+            control = await run_in_threadpool(_store, app, worker_id, message)
+            if control is not None and control.removed:  # nothing more is stored from a removed volunteer
+                await websocket.send_text(control.model_dump_json())
+                await websocket.close(POLICY_VIOLATION, "removed by the organizer")
+                return
             app.state.live.mark(slug)
             await websocket.send_text(Ack(seq=message.seq).model_dump_json())
-            if status != ExperimentStatus.running:
-                note = f"the organizer set this experiment to {status}"
-                await websocket.send_text(Control(status=ExperimentStatus(status), message=note).model_dump_json())
+            if control is not None:
+                await websocket.send_text(control.model_dump_json())
     except WebSocketDisconnect:
         pass
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -121,10 +122,9 @@ def start_experiment(url: str) -> None:
     assert started.json()["status"] == "running"
 
 
-def run_volunteers(url: str, tmp: Path, limit: list[str]) -> set[int]:
-    """Two volunteers sign up, log in with the CLI and run `swarmhub join` with ``limit`` until it ends.
-    Returns the PIDs of every process the workers started."""
-    workers, seen_children = [], set()
+def launch_volunteers(url: str, tmp: Path, limit: list[str]) -> list[tuple[str, Any, subprocess.Popen]]:
+    """Two volunteers sign up, log in with the CLI and start `swarmhub join` with ``limit``."""
+    workers = []
     for name in ("ada", "grace"):
         token = signup(url, name)
         env = {**os.environ, "SWARMHUB_CONFIG_DIR": str(tmp / name), "SWARMHUB_STATE_DIR": str(tmp / name)}
@@ -141,16 +141,30 @@ def run_volunteers(url: str, tmp: Path, limit: list[str]) -> set[int]:
         out = open(tmp / f"{name}.out", "wb")
         command = [*SWARMHUB, "join", SLUG, *limit, "--listen", "/ip4/127.0.0.1/tcp/0"]
         workers.append((name, out, subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)))
+    return workers
+
+
+def wait_volunteers(workers: list[tuple[str, Any, subprocess.Popen]], tmp: Path) -> tuple[set[int], dict[str, str]]:
+    """Wait for every worker to end; returns the PIDs of every process they started, and their output."""
+    seen_children: set[int] = set()
     deadline = time.monotonic() + 300
     for _, _, process in workers:
         while process.poll() is None and time.monotonic() < deadline:
             seen_children |= descendants(process)
             time.sleep(0.5)
-    for name, out, process in workers:
+    outputs = {}
+    for name, out, _ in workers:
         out.close()
-        output = (tmp / f"{name}.out").read_text(errors="replace")
-        assert process.returncode == 0, f"{name} exited {process.returncode}:\n{output[-3000:]}"
-        assert "Traceback" not in output
+        outputs[name] = (tmp / f"{name}.out").read_text(errors="replace")
+        assert "Traceback" not in outputs[name]
+    return seen_children, outputs
+
+
+def run_volunteers(url: str, tmp: Path, limit: list[str]) -> set[int]:
+    workers = launch_volunteers(url, tmp, limit)
+    seen_children, outputs = wait_volunteers(workers, tmp)
+    for name, _, process in workers:
+        assert process.returncode == 0, f"{name} exited {process.returncode}:\n{outputs[name][-3000:]}"
     return seen_children
 
 
@@ -209,3 +223,27 @@ def test_swarm_tokens_are_renewed_over_several_lifetimes(tmp_path):
         late = averaged_epochs(tmp_path, since=started + 45)  # after three token lifetimes
     assert [name for name, _ in late] == ["ada", "grace"], late
     assert all(epochs >= 2 for _, epochs in late), late
+
+
+def test_removed_volunteer_leaves_and_the_others_go_on(tmp_path):
+    with running_server(tmp_path) as (url, _):
+        start_experiment(url)
+        workers = launch_volunteers(url, tmp_path, ["--max-minutes", "1"])
+        organizer = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
+        headers = {"Authorization": f"Bearer {organizer.json()['access_token']}"}
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(averaged_epochs(tmp_path)) < 2:
+            time.sleep(1)  # until both have averaged together
+        banned = httpx.post(f"{url}/api/experiments/{SLUG}/bans", json={"username": "grace"}, headers=headers)
+        assert banned.status_code == 204
+        removed_at = time.monotonic()
+        grace = dict((name, process) for name, _, process in workers)["grace"]
+        grace.wait(60)
+        took = time.monotonic() - removed_at
+        seen_children, outputs = wait_volunteers(workers, tmp_path)
+    assert grace.returncode == 8, outputs["grace"][-2000:]
+    assert "You were removed from 'e2e-digits' by its organizer" in outputs["grace"]
+    assert took < 30, took
+    ada = dict((name, process) for name, _, process in workers)["ada"]
+    assert ada.returncode == 0, outputs["ada"][-2000:]
+    assert outlived(seen_children) == set()
