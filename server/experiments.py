@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from datetime import datetime, timedelta
+from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
@@ -22,8 +24,9 @@ from swarmhub.worker.protocol import (
 )
 from swarmhub.worker.tasks import UnknownTask, get_task
 
+from .accounts import USERNAME_RE
 from .errors import BadRequest, Conflict, Forbidden, NotFound
-from .models import Experiment, ExperimentBan, User, WorkerRun
+from .models import Experiment, ExperimentBan, ExperimentMember, User, WorkerRun
 
 # Which status an action moves an experiment to, and from which statuses it may.
 TRANSITIONS: dict[str, tuple[set[ExperimentStatus], ExperimentStatus]] = {
@@ -43,10 +46,30 @@ def _check_task_params(task: str, params: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"{where}: {first['msg']}") from None
 
 
+class JoinPolicy(str, Enum):
+    open = "open"  # anyone signed in
+    invite = "invite"  # volunteers who opened the experiment's invite link
+    allowlist = "allowlist"  # the usernames listed by the organizer
+
+
 class ExperimentFields(TrainingSettings):
     title: str = Field(min_length=1, max_length=120)
     description: str = Field(default="", max_length=5000)
     task_params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+    join_policy: JoinPolicy = JoinPolicy.open
+    allowlist: list[str] = Field(default_factory=list, max_length=10_000)
+
+    @field_validator("allowlist", mode="before")
+    @classmethod
+    def _usernames(cls, value: Any) -> Any:
+        if isinstance(value, str):  # the form's textarea: names separated by spaces, commas or lines
+            value = [name for name in value.replace(",", " ").split() if name]
+        if isinstance(value, list):
+            for name in value:
+                if not isinstance(name, str) or not USERNAME_RE.match(name):
+                    raise ValueError(f"{name!r} is not a username")
+            return sorted(set(value))
+        return value
 
     @field_validator("title")
     @classmethod
@@ -97,6 +120,8 @@ class ExperimentUpdate(BaseModel):
     target_batch_size: int | None = None
     matchmaking_time: float | None = None
     averaging_timeout: float | None = None
+    join_policy: JoinPolicy | None = None
+    allowlist: list[str] | str | None = None
 
 
 class ExperimentPublic(ExperimentSummary):
@@ -106,6 +131,7 @@ class ExperimentPublic(ExperimentSummary):
     target_batch_size: int
     matchmaking_time: float
     averaging_timeout: float
+    join_policy: JoinPolicy
     updated_at: datetime
 
 
@@ -127,6 +153,7 @@ def to_public(experiment: Experiment) -> ExperimentPublic:
         target_batch_size=experiment.target_batch_size,
         matchmaking_time=experiment.matchmaking_time,
         averaging_timeout=experiment.averaging_timeout,
+        join_policy=JoinPolicy(experiment.join_policy),
         created_at=experiment.created_at,
         updated_at=experiment.updated_at,
     )
@@ -186,6 +213,7 @@ def create(session: Session, owner: User, data: ExperimentCreate) -> Experiment:
         owner_id=owner.id,
         status=ExperimentStatus.draft.value,
         signing_key=swarm_access.new_signing_key_der(),
+        invite_code=secrets.token_urlsafe(16),
         **data.model_dump(mode="json"),
     )
     session.add(experiment)
@@ -203,7 +231,10 @@ def update(session: Session, experiment: Experiment, data: ExperimentUpdate) -> 
     ]
     if training_changes and experiment.status == ExperimentStatus.running:
         raise Conflict("pause the experiment before changing how it trains", field=training_changes[0])
-    merged = {name: getattr(experiment, name) for name in ("title", "description", *TRAINING_FIELDS)}
+    merged = {
+        name: getattr(experiment, name)
+        for name in ("title", "description", "join_policy", "allowlist", *TRAINING_FIELDS)
+    }
     merged.update({k: v for k, v in changes.items() if v is not None})
     if "task" in changes and "task_params" not in changes:
         merged["task_params"] = {}  # another task's parameters do not carry over
@@ -297,6 +328,30 @@ def unban(session: Session, experiment: Experiment, username: str) -> None:
 def _refuse_banned(session: Session, experiment: Experiment, user: User) -> None:
     if is_banned(session, experiment, user):
         raise Forbidden(f"you were removed from {experiment.slug!r} by its organizer")
+    if can_manage(experiment, user) or experiment.join_policy == JoinPolicy.open:
+        return
+    if experiment.join_policy == JoinPolicy.allowlist and user.username not in (experiment.allowlist or []):
+        raise Forbidden(f"{experiment.slug!r} takes only the volunteers its organizer listed: ask them to add you")
+    if experiment.join_policy == JoinPolicy.invite and not is_member(session, experiment, user):
+        raise Forbidden(f"{experiment.slug!r} takes volunteers by invitation: open the invite link from its organizer")
+
+
+def is_member(session: Session, experiment: Experiment, user: User) -> bool:
+    stmt = select(ExperimentMember.id).where(
+        ExperimentMember.experiment_id == experiment.id, ExperimentMember.user_id == user.id
+    )
+    return session.scalar(stmt) is not None
+
+
+def accept_invite(session: Session, slug: str, code: str, user: User) -> Experiment:
+    """Whoever opens the invite link while signed in becomes a volunteer of the experiment."""
+    experiment = session.scalar(select(Experiment).where(Experiment.slug == slug))
+    if experiment is None or not secrets.compare_digest(experiment.invite_code, code):
+        raise NotFound("this invite link is not valid: ask the organizer for a new one")
+    if not is_member(session, experiment, user):
+        session.add(ExperimentMember(experiment_id=experiment.id, user_id=user.id))
+        session.flush()
+    return experiment
 
 
 def running(session: Session) -> list[Experiment]:

@@ -135,10 +135,25 @@ class Experiment(Base):
     averaging_timeout: Mapped[float] = mapped_column(Float)
     # The experiment's swarm token signing key (base64 DER). It never leaves the server.
     signing_key: Mapped[str] = mapped_column(Text)
+    join_policy: Mapped[str] = mapped_column(String(16), default="open")  # open / invite / allowlist
+    allowlist: Mapped[list[str]] = mapped_column(JSON, default=list)
+    invite_code: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
     owner: Mapped[User] = relationship(lazy="joined")
+
+
+class ExperimentMember(Base):
+    """A volunteer who accepted the experiment's invite link."""
+
+    __tablename__ = "experiment_members"
+    __table_args__ = (UniqueConstraint("experiment_id", "user_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class ExperimentBan(Base):

@@ -9,7 +9,7 @@ from swarmhub.server import experiments
 from swarmhub.server.models import Experiment
 from swarmhub.worker import swarm_access
 
-from .conftest import api_token, make_experiment, make_user
+from .conftest import api_token, login, make_experiment, make_user
 
 PEER_KEY = swarm_access.public_key_text(RSAPrivateKey())
 NEW = {"slug": "mnist-ish", "title": "Digits", "task": "digits", "task_params": {"hidden_size": 32}}
@@ -248,3 +248,33 @@ def test_organizer_removes_a_volunteer(client, db):
     assert client.delete("/api/experiments/open/bans/bob", headers=organizer).status_code == 204
     assert client.get("/api/experiments/open/denylist", headers=bob).json() == {"usernames": []}
     assert client.post("/api/experiments/open/swarm-token", json=body, headers=bob).status_code == 200
+
+
+def test_join_policies(client, db):
+    make_user(db)
+    for name in ("bob", "carol"):
+        make_user(db, name)
+    organizer, bob, carol = api_token(client), api_token(client, "bob"), api_token(client, "carol")
+    client.post("/api/experiments", json={**NEW, "join_policy": "allowlist", "allowlist": ["bob"]}, headers=organizer)
+    client.post(f"/api/experiments/{NEW['slug']}/status", json={"action": "start"}, headers=organizer)
+    url = f"/api/experiments/{NEW['slug']}/swarm-token"
+    body = {"peer_public_key": PEER_KEY}
+    assert client.post(url, json=body, headers=bob).status_code == 200
+    listed_only = client.post(url, json=body, headers=carol)
+    assert listed_only.status_code == 403 and "listed" in listed_only.json()["detail"]
+    assert client.post(url, json=body, headers=organizer).status_code == 200  # the organizer always may
+
+    client.patch(f"/api/experiments/{NEW['slug']}", json={"join_policy": "invite"}, headers=organizer)
+    invited_only = client.post(url, json=body, headers=carol)
+    assert invited_only.status_code == 403 and "invite link" in invited_only.json()["detail"]
+    with db() as session:
+        code = session.scalar(select(Experiment.invite_code))
+    login(client, "carol")
+    assert client.get(f"/experiments/{NEW['slug']}/invite/wrong-code").status_code == 404
+    accepted = client.get(f"/experiments/{NEW['slug']}/invite/{code}", follow_redirects=False)
+    assert accepted.status_code == 303
+    assert client.post(url, json=body, headers=carol).status_code == 200
+    assert client.post(url, json=body, headers=bob).status_code == 403  # the allow-list no longer applies
+
+    bad = client.patch(f"/api/experiments/{NEW['slug']}", json={"allowlist": ["ok", "not a name!"]}, headers=organizer)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "allowlist"]

@@ -170,3 +170,19 @@ def test_account_tokens_are_shown_once_and_revocable(client, db):
     token_id = re.search(r"/account/tokens/(\d+)/revoke", client.get("/account").text).group(1)
     client.post(f"/account/tokens/{token_id}/revoke", data={"csrf_token": csrf})
     assert client.get("/api/me", headers=headers).status_code == 401
+
+
+def test_form_sets_who_may_join(client, db):
+    make_user(db)
+    csrf = login(client)
+    data = {**FORM, "csrf_token": csrf, "join_policy": "allowlist", "allowlist": "bob, carol\ndave"}
+    assert client.post("/experiments/new", data=data, follow_redirects=False).status_code == 303
+    with db() as session:
+        experiment = session.scalar(select(Experiment))
+        assert (experiment.join_policy, experiment.allowlist) == ("allowlist", ["bob", "carol", "dave"])
+    bad = client.post("/experiments/new", data={**data, "slug": "other-one", "allowlist": "ok <script>"})
+    assert bad.status_code == 422
+    assert "allowlist" in inline_errors(bad.text)
+    client.post("/experiments/digits-together/edit", data={**data, "join_policy": "invite"})
+    page = client.get("/experiments/digits-together").text
+    assert "/experiments/digits-together/invite/" in page

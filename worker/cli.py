@@ -109,7 +109,7 @@ def main() -> None:
     \b
     Volunteers:  swarmhub login --server URL;  swarmhub experiments;  swarmhub join SLUG
     Exit codes:  0 ok, 1 unexpected error, 2 usage, 3 authentication, 4 unknown experiment,
-                 5 server unreachable, 6 experiment not accepting volunteers, 7 clock off,
+                 5 server unreachable, 6 experiment not accepting volunteers, 7 clock off, 8 removed,
                  130 Ctrl-C, 143 SIGTERM
     """
 

@@ -25,7 +25,9 @@ EXPERIMENT_FIELDS = (
     "slug",
     "description",
     "task",
-    *[f for f in TrainingSettings.model_fields if f != "task" and f != "task_params"],
+    "join_policy",
+    "allowlist",
+    *[f for f in TrainingSettings.model_fields if f not in ("task", "task_params")],
 )
 
 
@@ -109,6 +111,7 @@ def _form_page(
             "experiment": experiment,
             "tasks": task_forms(),
             "optimizers": [o.value for o in OptimizerName],
+            "policies": [p.value for p in experiments.JoinPolicy],
         },
         user=user,
         web=web,
@@ -187,7 +190,7 @@ def logout(session: DB, web: WebSess) -> Response:
 
 @router.get("/experiments/new")
 def new_experiment_page(request: Request, user: RequiredPageUser, web: WebSess) -> Response:
-    defaults = TrainingSettings().model_dump(mode="json")
+    defaults = {**TrainingSettings().model_dump(mode="json"), "join_policy": "open", "allowlist": []}
     return _form_page(request, user, web, values=defaults, errors={})
 
 
@@ -274,6 +277,12 @@ async def change_ban(request: Request, slug: str, session: DB, user: RequiredPag
         experiments.ban(session, experiment, username)
     request.app.state.reconcile_soon()
     return _see_other(f"/experiments/{slug}")
+
+
+@router.get("/experiments/{slug}/invite/{code}")
+def accept_invite(slug: str, code: str, session: DB, user: RequiredPageUser) -> Response:
+    experiment = experiments.accept_invite(session, slug, code[:64], user)
+    return _see_other(f"/experiments/{experiment.slug}?joined=1")
 
 
 @router.get("/account")
