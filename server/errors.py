@@ -43,3 +43,10 @@ class Conflict(AppError):
 
 class Unavailable(AppError):
     status_code = 503
+
+
+class Removed(Forbidden):
+    """The organizer removed this volunteer; the body says so, so the CLI can tell it from other refusals."""
+
+    def body(self) -> dict[str, Any]:
+        return {**super().body(), "removed": True}

@@ -25,7 +25,7 @@ from swarmhub.worker.protocol import (
 from swarmhub.worker.tasks import UnknownTask, get_task
 
 from .accounts import USERNAME_RE
-from .errors import BadRequest, Conflict, Forbidden, NotFound
+from .errors import BadRequest, Conflict, Forbidden, NotFound, Removed
 from .models import Experiment, ExperimentBan, ExperimentMember, User, WorkerRun
 
 # Which status an action moves an experiment to, and from which statuses it may.
@@ -327,7 +327,7 @@ def unban(session: Session, experiment: Experiment, username: str) -> None:
 
 def _refuse_banned(session: Session, experiment: Experiment, user: User) -> None:
     if is_banned(session, experiment, user):
-        raise Forbidden(f"you were removed from {experiment.slug!r} by its organizer")
+        raise Removed(f"you were removed from {experiment.slug!r} by its organizer")
     if can_manage(experiment, user) or experiment.join_policy == JoinPolicy.open:
         return
     if experiment.join_policy == JoinPolicy.allowlist and user.username not in (experiment.allowlist or []):

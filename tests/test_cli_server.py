@@ -89,11 +89,20 @@ def test_join_failures_are_one_line_with_the_next_step(db, live_server, cli_env)
     assert paused.exit_code == 6
     assert "paused" in paused.output
 
+    make_experiment(db, owner, slug="open-one", status="running")
+    organizer = {"Authorization": f"Bearer {token_for(live_server.url)}"}
+    make_user(db, "bob")
+    bob_env = {**env, "SWARMHUB_TOKEN": token_for(live_server.url, "bob")}
+    httpx.post(f"{live_server.url}/api/experiments/open-one/bans", json={"username": "bob"}, headers=organizer)
+    removed = run(["join", "open-one"], bob_env)
+    assert removed.exit_code == 8
+    assert "You were removed from 'open-one' by its organizer" in removed.output
+
     httpx.delete(f"{live_server.url}/api/auth/token", headers={"Authorization": f"Bearer {token}"})
     revoked = run(["join", "on-hold"], env)
     assert revoked.exit_code == 3
     assert "swarmhub login" in revoked.output
-    for result in (not_logged_in, unknown, paused, revoked):
+    for result in (not_logged_in, unknown, paused, removed, revoked):
         assert "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1
 

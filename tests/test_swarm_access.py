@@ -10,6 +10,7 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
@@ -148,17 +149,30 @@ def test_only_peers_with_a_valid_token_enter(server_peer, case):
 
 # An honest trainer that says where it listens, then trains until it is told to stop.
 HONEST = """
-import json, sys
+import json, os, signal, sys, threading
 from pathlib import Path
 from swarmhub.worker.protocol import JoinResponse
 from swarmhub.worker.training import train
 
 join = JoinResponse.model_validate_json(sys.argv[1])
 deny_file = Path(sys.argv[3])
-train(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], max_minutes=2, identity_path=Path(sys.argv[2]),
-      denied=lambda: set(deny_file.read_text().split()) if deny_file.exists() else set(),
-      on_joined=lambda peer_id, maddrs: print(json.dumps({"peer_id": peer_id, "maddrs": maddrs}), flush=True),
-      on_progress=lambda progress: print("training", flush=True))
+stop = threading.Event()
+main_pid = os.getpid()
+
+def on_term(signum, frame):  # leave the swarm cleanly; hivemind's forked children must still die on SIGTERM
+    if os.getpid() == main_pid:
+        stop.set()
+    else:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+signal.signal(signal.SIGTERM, on_term)
+train(
+    join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], max_minutes=2, identity_path=Path(sys.argv[2]),
+    denied=lambda: set(deny_file.read_text().split()) if deny_file.exists() else set(),
+    on_joined=lambda peer_id, maddrs: print(json.dumps({"peer_id": peer_id, "maddrs": maddrs}), flush=True),
+    on_progress=lambda progress: print("training", flush=True), stop_event=stop,
+)
 """
 
 # Calls the honest peer's averagers directly, by address, as a peer that learned it would.
@@ -252,9 +266,14 @@ def test_averaging_and_state_download_refuse_peers_off_the_roster(server_peer, t
         deny_file.write_text("ada\n")
         time.sleep(swarm_access.DENY_POLL_SECONDS + 2)
         removed = direct(True)
+        helpers = {child.pid for child in psutil.Process(honest.pid).children(recursive=True)}
     finally:
         honest.terminate()
-        honest.wait(60)
+        honest.wait(90)
+    deadline = time.monotonic() + 15
+    while any(psutil.pid_exists(pid) for pid in helpers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in helpers if psutil.pid_exists(pid)], "the honest peer left processes behind"
     assert rogue == {"parts": 0, "replies": 0}  # the rogue got neither the model nor a group
     assert admitted["parts"] > 0  # the same call from a peer on the roster does get the state
     assert removed == {"parts": 0, "replies": 0}

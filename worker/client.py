@@ -184,6 +184,8 @@ class ApiClient:
         detail = _detail(response)
         if status == 401:
             raise token_rejected()
+        if status == 403 and slug is not None and _body_flag(response, "removed"):
+            raise removed(slug)
         if status == 403:
             raise WorkerError(f"Not allowed: {detail or 'forbidden'}", ExitCode.AUTH)
         if status == 404 and slug is not None:
@@ -295,6 +297,14 @@ class ApiClient:
         response = self._send("GET", f"/api/experiments/{quote(slug, safe='')}/denylist", auth=True)
         self._raise_for_status(response, slug=slug)
         return set(self._parse(DenyListPublic, response).usernames)
+
+
+def _body_flag(response: httpx.Response, name: str) -> bool:
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get(name) is True
 
 
 def removed(slug: str) -> WorkerError:
