@@ -255,7 +255,7 @@ def change_status(session: Session, experiment: Experiment, action: str) -> Expe
 
 
 def start_worker_run(session: Session, experiment: Experiment, user: User, device: str) -> WorkerRun:
-    _refuse_banned(session, experiment, user)
+    _check_may_join(session, experiment, user)
     if experiment.status != ExperimentStatus.running:
         raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
     worker = WorkerRun(id=uuid.uuid4().hex, experiment_id=experiment.id, user_id=user.id, device=device)
@@ -268,7 +268,7 @@ def swarm_token(
     session: Session, experiment: Experiment, user: User, peer_public_key: str, lifetime: timedelta
 ) -> SwarmToken:
     """Admit one peer key of ``user`` to the experiment's swarm for ``lifetime`` (running experiments only)."""
-    _refuse_banned(session, experiment, user)
+    _check_may_join(session, experiment, user)
     if experiment.status != ExperimentStatus.running:
         raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
     try:
@@ -285,7 +285,7 @@ def swarm_token(
 
 
 def experiment_public_key(experiment: Experiment) -> str:
-    return swarm_access.der_public_text(experiment.signing_key)
+    return swarm_access.public_key_text(swarm_access.signing_key_from_text(experiment.signing_key))
 
 
 def banned_usernames(session: Session, experiment: Experiment) -> list[str]:
@@ -325,7 +325,7 @@ def unban(session: Session, experiment: Experiment, username: str) -> None:
         )
 
 
-def _refuse_banned(session: Session, experiment: Experiment, user: User) -> None:
+def _check_may_join(session: Session, experiment: Experiment, user: User) -> None:
     if is_banned(session, experiment, user):
         raise Removed(f"you were removed from {experiment.slug!r} by its organizer")
     if can_manage(experiment, user) or experiment.join_policy == JoinPolicy.open:

@@ -30,9 +30,6 @@ class LiveHub:
         if not self._subscribers[slug]:
             del self._subscribers[slug]
 
-    def viewers(self, slug: str) -> int:
-        return len(self._subscribers.get(slug, ()))
-
     def mark(self, slug: str) -> None:
         if slug in self._subscribers:
             self._dirty.add(slug)

@@ -19,7 +19,6 @@ class Settings(BaseSettings):
     public_url: str = ""  # how browsers and workers reach us; empty: taken from each request
     swarm_enabled: bool = True  # run a bootstrap + monitor peer per running experiment
     swarm_host: str = "127.0.0.1"  # interface the swarm peers listen on (0.0.0.0 to accept the internet)
-    swarm_start_timeout: float = 60.0
     swarm_token_minutes: float = Field(default=60.0, gt=0, le=60)  # swarm access tokens live at most an hour
     cookie_secure: bool = False  # set in production behind HTTPS
     session_days: int = 14

@@ -6,15 +6,15 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 from datetime import timedelta
-from pathlib import Path
 
 import psutil
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarmhub.worker import swarm_access
+
+from .test_training_swarm import make_join, swarm_peer  # noqa: F401 - swarm_peer is a fixture
 
 RUN = "swarmhub-demo-1"
 
@@ -97,43 +97,10 @@ dht.shutdown()
 """
 
 
-@pytest.fixture
-def server_peer(tmp_path: Path):
-    key_text = swarm_access.new_signing_key_der()
-    (tmp_path / "signing").write_text(key_text)
-    run_id = f"run-{uuid.uuid4().hex[:8]}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "swarmhub.server.swarm_peer",
-            "--run-id",
-            run_id,
-            "--host",
-            "127.0.0.1",
-            "--signing-key-file",
-            str(tmp_path / "signing"),
-            "--identity",
-            str(tmp_path / "peer.key"),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        ready = json.loads(proc.stdout.readline())
-        assert ready["event"] == "ready"
-        yield ready["maddrs"], run_id, key_text
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
 @pytest.mark.swarm
 @pytest.mark.parametrize("case", ["valid", "no-token", "other-key", "expired", "other-experiment", "someone-elses-key"])
-def test_only_peers_with_a_valid_token_enter(server_peer, case):
-    maddrs, run_id, key_text = server_peer
+def test_only_peers_with_a_valid_token_enter(swarm_peer, case):
+    maddrs, run_id, key_text = swarm_peer.maddrs, swarm_peer.run_id, swarm_peer.key_text
     result = subprocess.run(
         [sys.executable, "-c", ROGUE, json.dumps([maddrs, run_id, key_text, case])],
         capture_output=True,
@@ -236,13 +203,10 @@ print(json.dumps({"parts": parts, "replies": replies}))
 
 
 @pytest.mark.swarm
-def test_averaging_and_state_download_refuse_peers_off_the_roster(server_peer, tmp_path):
-    from .test_training_swarm import Swarm, make_join
-
-    maddrs, run_id, key_text = server_peer
-    swarm = Swarm(maddrs, run_id, swarm_access.signing_key_from_text(key_text))
+def test_averaging_and_state_download_refuse_peers_off_the_roster(swarm_peer, tmp_path):
+    maddrs, run_id, key_text = swarm_peer.maddrs, swarm_peer.run_id, swarm_peer.key_text
     identity = tmp_path / "honest.key"
-    join = make_join(swarm, worker_id="honest", identity=identity)
+    join = make_join(swarm_peer, worker_id="honest", identity=identity)
     deny_file = tmp_path / "denied"
     honest = subprocess.Popen(
         [sys.executable, "-c", HONEST, join.model_dump_json(), str(identity), str(deny_file)],
@@ -280,10 +244,10 @@ def test_averaging_and_state_download_refuse_peers_off_the_roster(server_peer, t
 
 
 @pytest.mark.swarm
-def test_removed_volunteer_cannot_enter_the_dht(server_peer, tmp_path):
+def test_removed_volunteer_cannot_enter_the_dht(swarm_peer):
     """The server's own peer reads the deny-list the server keeps beside its key, and refuses the user."""
-    maddrs, run_id, key_text = server_peer
-    (tmp_path / "signing.deny").write_text("ada\n")  # what SwarmHost.write_denied keeps current
+    maddrs, run_id, key_text = swarm_peer.maddrs, swarm_peer.run_id, swarm_peer.key_text
+    swarm_peer.deny_file.write_text("ada\n")
     time.sleep(swarm_access.DENY_POLL_SECONDS + 1)
     result = subprocess.run(
         [sys.executable, "-c", ROGUE, json.dumps([maddrs, run_id, key_text, "valid"])],

@@ -133,6 +133,8 @@ class Swarm:
     maddrs: list[str]
     run_id: str
     signing_key: RSAPrivateKey
+    key_text: str  # the signing key as the server stores it
+    deny_file: Path  # the deny-list the server keeps beside the key (SwarmHost.write_denied)
 
 
 @pytest.fixture
@@ -175,7 +177,8 @@ def swarm_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
             if event.get("event") == "ready":
                 maddrs = event["maddrs"]
         assert maddrs, "the swarm peer never printed its ready line"
-        yield Swarm(maddrs, run_id, swarm_access.signing_key_from_text(key_text))
+        signing_key = swarm_access.signing_key_from_text(key_text)
+        yield Swarm(maddrs, run_id, signing_key, key_text, folder / "signing.deny")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         left = wait_gone(tag, timeout=10)

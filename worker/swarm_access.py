@@ -157,15 +157,6 @@ def public_key_from_text(text: str) -> RSAPublicKey:
     return RSAPublicKey.from_bytes(text.encode())
 
 
-def der_public_text(private_der_text: str) -> str:
-    key = serialization.load_der_private_key(base64.b64decode(private_der_text), password=None)
-    return (
-        key.public_key()
-        .public_bytes(encoding=serialization.Encoding.OpenSSH, format=serialization.PublicFormat.OpenSSH)
-        .decode()
-    )
-
-
 DENY_POLL_SECONDS = 5.0  # with the roster cache this bounds how long a banned volunteer is still served
 
 
