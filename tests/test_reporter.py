@@ -100,3 +100,28 @@ def test_pause_reaches_the_worker(db, app, live_server, joined):
     assert wait_for(lambda: reporter.control is not None)
     assert reporter.control.status == "paused"
     reporter.close(2)
+
+
+def test_removed_volunteer_stops_reporting_at_once(db, app, live_server):
+    """Once removed, the reporter neither reconnects nor waits to flush: the worker can exit promptly."""
+    organizer, volunteer = make_user(db, "olga"), make_user(db, "vic")
+    make_experiment(db, organizer, slug="reported", status="running")
+    with db.begin() as session:
+        experiment = experiments.get_visible(session, "reported", session.merge(volunteer))
+        worker_id = experiments.start_worker_run(session, experiment, session.merge(volunteer), "cpu").id
+        token, _ = accounts.issue_token(session, session.merge(volunteer), "reporter test")
+    url = f"ws://127.0.0.1:{live_server.port}/ws/experiments/reported/report?worker_id={worker_id}"
+    reporter = Reporter(url, token).start()
+    reporter.report(message(0))
+    assert wait_for(lambda: reporter.pending == 0)
+    with app.state.sessionmaker.begin() as session:
+        experiments.ban(session, experiments.get_visible(session, "reported", None), "vic")
+    reporter.report(message(1))
+    assert wait_for(lambda: reporter.control is not None)
+    assert reporter.control.removed
+    # No reconnect: the reporter's thread ends by itself once the server has closed the connection.
+    assert wait_for(lambda: not reporter._thread.is_alive(), timeout=5), "a removed worker's reporter reconnected"
+    started = time.monotonic()
+    reporter.close(30)
+    assert time.monotonic() - started < 1
+    assert stored_seqs(db) == [0]

@@ -131,6 +131,10 @@ class Reporter:
         return self._fatal
 
     @property
+    def _removed(self) -> bool:
+        return self._control is not None and self._control.removed
+
+    @property
     def dropped(self) -> int:
         return self._dropped
 
@@ -145,7 +149,11 @@ class Reporter:
         return self._connected
 
     def close(self, timeout: float = 5.0) -> bool:
-        """Flush within ``timeout`` seconds, then stop the thread. True when every message was acked."""
+        """Flush within ``timeout`` seconds, then stop the thread. True when every message was acked.
+
+        A removed volunteer's reports are refused, so there is nothing to flush: it stops at once."""
+        if self._removed:
+            timeout = 0.0
         if self._thread.is_alive() and self._loop is not None:
             try:
                 self._loop.call_soon_threadsafe(self._begin_close)
@@ -218,8 +226,8 @@ class Reporter:
                     logger.info("report connection closed: %s", exc)
                 finally:
                     self._connected = False
-                if self._closing:
-                    return
+                if self._closing or self._removed:
+                    return  # a removed volunteer's reports are refused: reconnecting would only delay the exit
                 drops += 1
                 await asyncio.sleep(min(2.0**drops, 30.0) * random.uniform(0.5, 1.5))
         except (InvalidStatus, InvalidURI) as exc:
