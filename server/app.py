@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -18,11 +19,12 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import experiments
+from . import contributions, experiments
 from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
 from .live import LiveHub
+from .models import utcnow
 from .routes import api, pages, ws
 from .settings import Settings
 from .swarm import SwarmHost
@@ -96,6 +98,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 for e in experiments.running(session)
             }
 
+    def record_progress(run_id: str, event: dict[str, Any]) -> None:
+        """The monitor peer read the swarm's signed progress records: add them to the ledger."""
+        contributors = contributions.parse(event.get("contributors"))
+        if not contributors:
+            return
+        with app.state.sessionmaker.begin() as session:
+            experiment = experiments.by_run_id(session, run_id)
+            if experiment is None:
+                return
+            contributions.record(session, experiment, contributors, utcnow())
+            slug = experiment.slug
+        loop = app.state.loop
+        if loop is not None:
+            loop.call_soon_threadsafe(live.mark, slug)
+
+    swarm.on_progress = record_progress
+
     async def reconcile_forever() -> None:
         while True:
             try:
@@ -111,6 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(migrate, engine)
         loop = asyncio.get_running_loop()
+        app.state.loop = loop
         app.state.reconcile_soon = lambda: loop.call_soon_threadsafe(wake.set)
         tasks = [
             asyncio.create_task(reconcile_forever()),
@@ -131,6 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.swarm = swarm
     app.state.live = live
     app.state.reconcile_soon = lambda: None  # replaced once the event loop runs
+    app.state.loop = None
     _install_error_handlers(app)
 
     web = Path(str(files("swarmhub.web")))

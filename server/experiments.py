@@ -172,6 +172,13 @@ def run_id(experiment: Experiment) -> str:
     return f"swarmhub-{experiment.slug}-{experiment.id}"
 
 
+def by_run_id(session: Session, run_id_: str) -> Experiment | None:
+    """The experiment whose swarm uses ``run_id_`` (see :func:`run_id`)."""
+    _, _, ident = run_id_.rpartition("-")
+    experiment = session.get(Experiment, int(ident)) if ident.isdigit() else None
+    return experiment if experiment is not None and run_id(experiment) == run_id_ else None
+
+
 def can_view(experiment: Experiment, user: User | None) -> bool:
     return experiment.status != ExperimentStatus.draft or (
         user is not None and (user.id == experiment.owner_id or user.is_admin)

@@ -211,3 +211,35 @@ class MetricPoint(Base):
     samples_per_second: Mapped[float] = mapped_column(Float)
     peers: Mapped[int] = mapped_column(Integer)
     averaged_peers: Mapped[int] = mapped_column(Integer)
+
+
+class SwarmPeer(Base):
+    """A volunteer's peer as the experiment's monitor sees it in the swarm: its signed progress records,
+    attributed through the access token whose key signed them."""
+
+    __tablename__ = "swarm_peers"
+    __table_args__ = (UniqueConstraint("experiment_id", "peer_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    peer_id: Mapped[str] = mapped_column(String(64))
+    first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    online_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    record_time: Mapped[float] = mapped_column(Float, default=0.0)  # the newest record's own timestamp
+    peak_samples_per_second: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class PeerEpoch(Base):
+    """The samples one peer's signed records showed for one swarm epoch (the largest count seen)."""
+
+    __tablename__ = "peer_epochs"
+    __table_args__ = (UniqueConstraint("experiment_id", "peer_id", "epoch"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    peer_id: Mapped[str] = mapped_column(String(64))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    samples: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -17,9 +17,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .contributions import MONITOR_SECONDS
 
 logger = logging.getLogger("swarmhub.swarm")
 
@@ -42,6 +45,8 @@ class SwarmHost:
         self.token_minutes = token_minutes
         self._peers: dict[str, Peer] = {}
         self._lock = threading.Lock()
+        # Called (in the peer's reader thread) with each progress event: the verified-contribution ledger.
+        self.on_progress: Callable[[str, dict[str, Any]], None] | None = None
 
     def _read(self, peer: Peer) -> None:
         assert peer.process.stdout is not None
@@ -56,6 +61,11 @@ class SwarmHost:
                 logger.info("swarm peer for %s listening on %s", peer.run_id, peer.maddrs)
             elif event.get("event") == "progress":
                 peer.progress = event
+                if self.on_progress is not None:
+                    try:
+                        self.on_progress(peer.run_id, event)
+                    except Exception:
+                        logger.exception("could not record the swarm's progress for %s", peer.run_id)
 
     def start(self, run_id: str, signing_key: str) -> Peer:
         with self._lock:
@@ -84,6 +94,8 @@ class SwarmHost:
                 str(key_file),
                 "--token-minutes",
                 str(self.token_minutes),
+                "--interval",
+                str(MONITOR_SECONDS),
             ]
             # stdin stays open: the peer exits by itself when this process (and so the pipe) goes away.
             # Own session: a stuck peer and the processes hivemind forked for it can be killed as one group.

@@ -7,8 +7,10 @@ Run as its own process (hivemind objects must never cross a ``spawn``):
 It speaks JSON lines on stdout:
 
 - ``{"event": "ready", "maddrs": [...]}`` once the DHT is up: the addresses workers bootstrap from;
-- ``{"event": "progress", "epoch": E, "peers": N, "samples_per_second": S, "samples": A}`` every
-  ``--interval`` seconds, read from the peers' signed ``{run_id}_progress`` records.
+- ``{"event": "progress", "epoch": E, "peers": N, "samples_per_second": S, "samples": A, "contributors": [...]}``
+  every ``--interval`` seconds, read from the peers' signed ``{run_id}_progress`` records; each contributor
+  is ``{peer_id, username, epoch, samples, samples_per_second, time, client_mode}``, attributed through
+  the access token of the key that signed the record (see ``read_progress``).
 
 It shuts down cleanly (no orphaned ``p2pd`` or averager processes) on SIGTERM, SIGINT, or when its
 stdin closes, so it never outlives the server that started it.
@@ -33,25 +35,60 @@ def _emit(event: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def read_progress(dht: Any, run_id: str) -> dict[str, Any]:
-    """Summarise the swarm's progress records, as hivemind's ProgressTracker does."""
+def read_progress(dht: Any, run_id: str, experiment_key: Any = None) -> dict[str, Any]:
+    """Summarise the swarm's progress records, as hivemind's ProgressTracker does, and attribute each
+    record to a volunteer (``contributors``) when ``experiment_key`` is given.
+
+    A record is attributed only when the key that signed it (hivemind's RSASignatureValidator checked the
+    signature when the record was stored and read) is the key of a valid access token on the run's roster:
+    the token, signed by the experiment's key, names the volunteer. Anything else is counted in the
+    swarm's totals but credited to no one.
+    """
     from hivemind.optim.progress_tracker import LocalTrainingProgress
 
+    from swarmhub.worker import swarm_access
+
     record = dht.get(f"{run_id}_progress", latest=True)
-    peers: list[LocalTrainingProgress] = []
+    peers: list[tuple[bytes, LocalTrainingProgress]] = []
     if record is not None and isinstance(record.value, dict):
-        for entry in record.value.values():
+        for subkey, entry in record.value.items():
             try:
-                peers.append(LocalTrainingProgress.parse_obj(entry.value))
+                peers.append((subkey, LocalTrainingProgress.parse_obj(entry.value)))
             except Exception:  # noqa: S112 - a malformed record from one peer must not stop the monitor
                 continue
-    return {
+    event: dict[str, Any] = {
         "event": "progress",
-        "epoch": max((p.epoch for p in peers), default=0),
+        "epoch": max((p.epoch for _, p in peers), default=0),
         "peers": len(peers),
-        "samples_per_second": round(sum(p.samples_per_second for p in peers), 3),
-        "samples": sum(p.samples_accumulated for p in peers),
+        "samples_per_second": round(sum(p.samples_per_second for _, p in peers), 3),
+        "samples": sum(p.samples_accumulated for _, p in peers),
     }
+    if experiment_key is None:
+        return event
+    roster = swarm_access.RosterGuard(experiment_key, run_id)
+    admitted = roster.admit(dht.get(swarm_access.roster_key(run_id), latest=True))
+    contributors = []
+    for subkey, progress in peers:
+        owner = swarm_access.record_owner(subkey)
+        try:
+            peer_id = swarm_access.peer_id_for_public_key(owner) if owner else None
+        except ValueError:
+            peer_id = None
+        if peer_id is None or peer_id not in admitted:
+            continue
+        contributors.append(
+            {
+                "peer_id": peer_id,
+                "username": roster.username_of(peer_id),
+                "epoch": progress.epoch,
+                "samples": progress.samples_accumulated,
+                "samples_per_second": round(progress.samples_per_second, 3),
+                "time": progress.time,
+                "client_mode": progress.client_mode,
+            }
+        )
+    event["contributors"] = contributors
+    return event
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--identity", default=None, help="key file that keeps the peer ID stable")
-    parser.add_argument("--interval", type=float, default=3.0)
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between reads of the progress records")
     parser.add_argument("--signing-key-file", required=True, help="the experiment's token signing key")
     parser.add_argument("--token-minutes", type=float, default=60.0)
     args = parser.parse_args(argv)
@@ -132,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         _emit({"event": "ready", "maddrs": [str(m) for m in dht.get_visible_maddrs()]})
         while not stop.is_set():
             try:
-                _emit(read_progress(dht, args.run_id))
+                _emit(read_progress(dht, args.run_id, signing_key.get_public_key()))
             except Exception as exc:  # the monitor keeps the bootstrap node alive whatever a read does
                 logging.warning("progress read failed: %r", exc)
             stop.wait(args.interval)

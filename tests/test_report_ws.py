@@ -68,7 +68,10 @@ def test_reports_are_acked_and_stored_exactly_once(client, db, swarm):
         run = session.get(WorkerRun, worker_id)
         assert (run.samples, run.last_seq, run.loss) == (96, 2, pytest.approx(1.8))
     board = client.get("/api/experiments/live/leaderboard").json()
-    assert [(e["username"], e["samples"], e["active"]) for e in board] == [("alice", 96, True)]
+    # Claimed only: no monitor peer runs here, so no signed record verifies any of it (and no flags for the public).
+    assert [(e["username"], e["claimed_samples"], e["samples"], e["active"], e["flags"]) for e in board] == [
+        ("alice", 96, 0, True, None)
+    ]
     summary = client.get("/api/experiments/live/metrics").json()["summary"]
     assert (summary["active_peers"], summary["total_samples"]) == (1, 96)
 

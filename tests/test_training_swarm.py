@@ -135,6 +135,7 @@ class Swarm:
     signing_key: RSAPrivateKey
     key_text: str  # the signing key as the server stores it
     deny_file: Path  # the deny-list the server keeps beside the key (SwarmHost.write_denied)
+    output: LineReader | None = None  # the peer's JSON lines after "ready": its progress reads
 
 
 @pytest.fixture
@@ -178,7 +179,7 @@ def swarm_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
                 maddrs = event["maddrs"]
         assert maddrs, "the swarm peer never printed its ready line"
         signing_key = swarm_access.signing_key_from_text(key_text)
-        yield Swarm(maddrs, run_id, signing_key, key_text, folder / "signing.deny")
+        yield Swarm(maddrs, run_id, signing_key, key_text, folder / "signing.deny", reader)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         left = wait_gone(tag, timeout=10)

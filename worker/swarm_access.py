@@ -266,6 +266,16 @@ def peer_id_for_public_key(public_key: bytes) -> str:
     return PeerID(digest).to_base58()
 
 
+def record_owner(subkey: Any) -> bytes | None:
+    """The public key (OpenSSH text) that signed a protected DHT record's subkey (``[owner:...]``), if any."""
+    from hivemind.dht.crypto import RSASignatureValidator
+
+    if not isinstance(subkey, bytes):
+        return None
+    owners = RSASignatureValidator._PUBLIC_KEY_RE.findall(subkey)
+    return owners[0] if len(owners) == 1 else None
+
+
 def publish_roster_entry(dht: Any, run_id: str, token: AccessToken) -> bool:
     """Announce this peer's token so that other peers' averagers will talk to it."""
     from hivemind.utils.timed_storage import get_dht_time
@@ -296,7 +306,12 @@ class RosterGuard:
         self._fetched_at = 0.0
         self._lock: asyncio.Lock | None = None
 
-    def _admit(self, record: Any) -> dict[str, float]:
+    def username_of(self, peer_id: str) -> str | None:
+        """The username in the token that admitted ``peer_id`` (after :meth:`admit` saw it)."""
+        return self._usernames.get(peer_id)
+
+    def admit(self, record: Any) -> dict[str, float]:
+        """Peer ID -> token expiry (unix seconds) for each roster entry with a valid token for this run."""
         allowed: dict[str, float] = {}
         if record is None or not isinstance(record.value, dict):
             return allowed
@@ -330,7 +345,7 @@ class RosterGuard:
             if now - self._fetched_at >= ROSTER_REFRESH_SECONDS or caller not in self._allowed:
                 if now - self._fetched_at >= 1.0:
                     record = await dht.get(roster_key(self.run_id), latest=True, return_future=True)
-                    self._allowed = self._admit(record)
+                    self._allowed = self.admit(record)
                     self._fetched_at = time.time()
         return self._allowed.get(caller, 0.0) > time.time() and self._usernames.get(caller) not in self.denied
 

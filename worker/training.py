@@ -280,6 +280,7 @@ def train(
                 )
             if should_stop() is None:
                 opt.load_state_from_peers()  # a late joiner catches up with the swarm's weights and epoch
+                _refresh_swarm_progress(opt)
             _loop(
                 opt,
                 task,
@@ -304,6 +305,23 @@ def train(
                 if dht is not None:
                     dht.shutdown()
     return summary
+
+
+def _refresh_swarm_progress(opt: Any, timeout: float = 10.0) -> None:
+    """After loading the swarm's state, have hivemind's progress tracker read the swarm's progress at once.
+
+    Until it does, its idea of the swarm's epoch can be older than the state just loaded, and hivemind then
+    counts none of this peer's samples towards the swarm's batch: a fast peer trains alone for up to its
+    next scheduled read (tens of seconds) and its work never reaches an averaging round.
+    """
+    tracker = opt.tracker
+    if tracker.global_epoch >= opt.local_epoch:
+        return
+    tracker.fetched_global_progress_this_epoch.clear()
+    tracker.global_progress.next_fetch_time = 0.0
+    tracker.global_state_updated.set()  # wakes the fetcher, which then sees that a read is due now
+    if not tracker.fetched_global_progress_this_epoch.wait(timeout):
+        logger.warning("the swarm's progress was not read within %.0f s of joining", timeout)
 
 
 class _Access:

@@ -180,7 +180,8 @@ def denylist(slug: str, session: DB, user: CurrentUser) -> DenyListPublic:
 @router.get("/experiments/{slug}/leaderboard", response_model=list[metrics.LeaderboardEntry])
 def leaderboard(slug: str, session: DB, user: OptionalUser, settings: AppSettings) -> list[metrics.LeaderboardEntry]:
     experiment = experiments.get_visible(session, slug, user)
-    return metrics.leaderboard(session, experiment, settings.active_window_seconds)
+    with_flags = user is not None and experiments.can_manage(experiment, user)
+    return metrics.leaderboard(session, experiment, settings.active_window_seconds, with_flags=with_flags)
 
 
 @router.get("/experiments/{slug}/metrics", response_model=metrics.MetricsPublic)

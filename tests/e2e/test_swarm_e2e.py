@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -197,6 +198,15 @@ def test_two_volunteers_train_together(tmp_path):
         board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard").json()
         assert sorted(entry["username"] for entry in board) == ["ada", "grace"]
         assert all(entry["samples"] > 0 for entry in board)
+        # The organizer's view: signed records back the honest volunteers' claims; nothing is flagged.
+        organizer = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
+        headers = {"Authorization": f"Bearer {organizer.json()['access_token']}"}
+        board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard", headers=headers).json()
+        for entry in board:
+            backed = entry["samples"] + entry["pending_samples"]
+            assert 0.4 * entry["claimed_samples"] <= backed <= entry["claimed_samples"], entry
+            assert entry["time_online_seconds"] > 5 and entry["flags"] == [], entry
+        assert sum(entry["share"] for entry in board) == pytest.approx(1.0, abs=1e-3)
 
         series = httpx.get(f"{url}/api/experiments/{SLUG}/metrics").json()["series"]
         assert len(series) >= 4

@@ -43,6 +43,13 @@
     }
   }
 
+  function duration(seconds) {
+    const s = Math.round(seconds || 0);
+    if (s < 60) return s + " s";
+    if (s < 3600) return Math.floor(s / 60) + " min " + (s % 60) + " s";
+    return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";
+  }
+
   function renderLeaderboard(rows) {
     const body = document.querySelector("#leaderboard tbody");
     body.replaceChildren();
@@ -50,17 +57,43 @@
       const tr = document.createElement("tr");
       tr.className = "empty";
       const td = document.createElement("td");
-      td.colSpan = 5; td.textContent = "No contributions yet.";
+      td.colSpan = 8; td.textContent = "No contributions yet.";
       tr.appendChild(td); body.appendChild(tr);
       return;
     }
     rows.forEach(function (r) {
       const tr = document.createElement("tr");
       if (r.active) tr.className = "active";
-      [r.rank, r.username, fmt(r.samples, 0), fmt(r.samples_per_second, 1), r.active ? "now" : ago(r.last_seen)]
+      tr.dataset.username = r.username;
+      const pending = r.pending_samples ? " (+" + fmt(r.pending_samples, 0) + " pending)" : "";
+      [r.rank, r.username, fmt(r.samples, 0) + pending, fmt(100 * r.share, 1) + " %", fmt(r.claimed_samples, 0),
+        fmt(r.samples_per_second, 1), duration(r.time_online_seconds), r.active ? "now" : ago(r.last_seen)]
         .forEach(function (v) { const td = document.createElement("td"); td.textContent = v; tr.appendChild(td); });
       body.appendChild(tr);
     });
+  }
+
+  // Organizers also see the claims that the swarm's signed records do not back (the API adds them for them).
+  const flagsList = document.getElementById("flags");
+  async function refreshFlags() {
+    try {
+      const rows = await fetch("/api/experiments/" + slug + "/leaderboard").then(function (r) { return r.json(); });
+      flagsList.replaceChildren();
+      rows.forEach(function (r) {
+        (r.flags || []).forEach(function (text) {
+          const li = document.createElement("li");
+          const who = document.createElement("strong");
+          who.textContent = r.username;
+          li.appendChild(who); li.appendChild(document.createTextNode(": " + text));
+          flagsList.appendChild(li);
+        });
+      });
+      if (!flagsList.children.length) {
+        const li = document.createElement("li");
+        li.className = "muted"; li.textContent = "Nothing implausible so far.";
+        flagsList.appendChild(li);
+      }
+    } catch (e) { /* offline: try again on the next tick */ }
   }
 
   function render(snapshot) {
@@ -68,7 +101,8 @@
     document.getElementById("stat-loss").textContent = fmt(s.loss, 4);
     document.getElementById("stat-sps").textContent = fmt(s.samples_per_second, 1);
     document.getElementById("stat-peers").textContent = fmt(s.active_peers, 0);
-    document.getElementById("stat-samples").textContent = fmt(s.total_samples, 0);
+    document.getElementById("stat-samples").textContent = fmt(s.verified_samples, 0);
+    document.getElementById("stat-claimed").textContent = fmt(s.total_samples, 0);
     document.getElementById("stat-epoch").textContent = fmt(s.epoch, 0);
     const status = document.getElementById("status");
     status.textContent = s.status; status.className = "status status-" + s.status;
@@ -109,5 +143,8 @@
     };
   }
 
-  window.addEventListener("load", function () { poll(); connect(); });
+  window.addEventListener("load", function () {
+    poll(); connect();
+    if (flagsList) { refreshFlags(); setInterval(refreshFlags, 10000); }
+  });
 })();
