@@ -129,7 +129,9 @@ def test_ledger_counts_closed_epochs_once_and_time_between_fresh_records(db):
     feed(db, experiment.id, [observation("ada", "QmA", 1, 40, ts), observation("grace", "QmG", 1, 30, ts)], t0)
     # Later reads of the same epoch: the largest count stands (not a sum); no one gets over twice the batch.
     t1 = t0 + timedelta(seconds=2)
-    feed(db, experiment.id, [observation("ada", "QmA", 1, 90, ts + 2), observation("grace", "QmG", 1, 5000, ts + 2)], t1)
+    feed(
+        db, experiment.id, [observation("ada", "QmA", 1, 90, ts + 2), observation("grace", "QmG", 1, 5000, ts + 2)], t1
+    )
     # The swarm moves to epoch 2: epoch 1 is closed (verified); epoch 2 is pending.
     t2 = t0 + timedelta(seconds=4)
     feed(db, experiment.id, [observation("ada", "QmA", 2, 10, ts + 4), observation("grace", "QmG", 1, 500, ts + 2)], t2)
