@@ -25,7 +25,7 @@ from .deps import LoginRequired
 from .errors import AppError
 from .live import LiveHub
 from .models import utcnow
-from .routes import api, pages, ws
+from .routes import api, pages, probe, ws
 from .settings import Settings
 from .swarm import SwarmHost
 from .views import render_error
@@ -162,6 +162,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     else:
         logger.warning("uPlot is not installed (run `make setup` or `npm ci --prefix web`): charts are off")
     app.include_router(api.router)
+    app.include_router(probe.router)
     app.include_router(ws.router)
     app.include_router(pages.router)
 

@@ -41,6 +41,10 @@ class Conflict(AppError):
     status_code = 409
 
 
+class TooLarge(AppError):
+    status_code = 413
+
+
 class Unavailable(AppError):
     status_code = 503
 

@@ -48,7 +48,7 @@ def progress(p):
     print(json.dumps({"event": "progress", **dataclasses.asdict(p)}), flush=True)
 
 s = train(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], max_steps=int(sys.argv[2]),
-          on_progress=progress, identity_path=Path(sys.argv[3]))
+          on_progress=progress, identity_path=Path(sys.argv[3]), client_mode=sys.argv[4:] == ["client"])
 print(json.dumps({"event": "summary", "steps": s.steps, "epoch": s.epoch, "first_loss": s.first_loss,
                   "last_loss": s.last_loss, "stop_reason": s.stop_reason.value,
                   "averaging_rounds": {str(k): v for k, v in s.averaging_rounds.items()}}), flush=True)
@@ -221,17 +221,22 @@ def make_join(swarm: Swarm, worker_id: str, identity: Path) -> JoinResponse:
     )
 
 
-def test_two_workers_average_gradients_and_leave_no_processes(swarm_peer: Swarm, tmp_path: Path) -> None:
+@pytest.mark.parametrize("modes", [("public", "public"), ("public", "client")], ids=["public", "one-client"])
+def test_two_workers_average_gradients_and_leave_no_processes(
+    swarm_peer: Swarm, tmp_path: Path, modes: tuple[str, str]
+) -> None:
+    """Two workers average together; a worker in client mode (which no one can dial, as behind a NAT)
+    still averages through the reachable one."""
     tag = f"workers-{uuid.uuid4().hex}"
     procs = []
     try:
-        for name in ("a", "b"):
+        for name, mode in zip(("a", "b"), modes, strict=True):
             identity = tmp_path / f"{name}.key"
             join = make_join(swarm_peer, worker_id=f"worker-{name}", identity=identity)
             stderr = open(tmp_path / f"{name}.err", "w")  # noqa: SIM115
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-c", TRAIN_SCRIPT, join.model_dump_json(), str(STEPS), str(identity)],
+                    [sys.executable, "-c", TRAIN_SCRIPT, join.model_dump_json(), str(STEPS), str(identity), mode],
                     stdout=subprocess.PIPE,
                     stderr=stderr,
                     text=True,

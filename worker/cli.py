@@ -248,6 +248,11 @@ def experiments() -> None:
     metavar="MADDR",
     help="hivemind listen multiaddr (repeatable)",
 )
+@click.option(
+    "--client-mode",
+    is_flag=True,
+    help="Do not accept connections from other peers (default: only when the server cannot dial this machine)",
+)
 @click.option("--verbose", is_flag=True, help="Show hivemind's logs on the console instead of the log file")
 def join(
     slug: str,
@@ -255,6 +260,7 @@ def join(
     max_steps: int | None,
     max_minutes: float | None,
     listen: Sequence[str],
+    client_mode: bool,
     verbose: bool,
 ) -> None:
     """Join experiment SLUG and train with its swarm until stopped (Ctrl-C leaves cleanly)."""
@@ -264,7 +270,7 @@ def join(
         raise WorkerError(
             f"{slug!r} is not an experiment name: run `swarmhub experiments` to list them", ExitCode.USAGE
         )
-    from . import swarm_access
+    from . import doctor, swarm_access
     from .reporter import Reporter
     from .training import resolve_device
 
@@ -279,6 +285,13 @@ def join(
         sent_at = time.time()
         joined = client.join(slug, request)
         check_clock(joined.server_time, sent_at, time.time())
+        doctor.raise_open_files_limit()
+        if not client_mode:
+            # Can other peers dial us? If not, join in client mode: train and average through reachable peers.
+            reach, listen = doctor.check_reachability(client, listen)
+            client_mode = reach.status != doctor.OK
+            if client_mode:
+                click.echo(f"Note: {reach.detail}.")
 
     def fetch_token() -> SwarmToken:
         with ApiClient(client.server_url, token, user_agent=USER_AGENT) as refresher:
@@ -297,6 +310,7 @@ def join(
         joined,
         device=str(torch_device),
         listen_maddrs=listen,
+        client_mode=client_mode,
         max_steps=max_steps,
         max_minutes=max_minutes,
         reporter=reporter,
@@ -310,11 +324,59 @@ def join(
     raise click.exceptions.Exit(code)
 
 
+@main.command()
+@click.argument("slug", required=False)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option(
+    "--listen",
+    "listen",
+    multiple=True,
+    default=(DEFAULT_LISTEN,),
+    show_default=True,
+    metavar="MADDR",
+    help="the multiaddr `join` would listen on (repeatable)",
+)
+def doctor(slug: str | None, device: str, listen: Sequence[str]) -> None:
+    """Check this machine before it joins: device, clock, open files, bandwidth, reachability, and with
+    SLUG the experiment's training throughput here. Exits 1 when something must be fixed first."""
+    from . import doctor as checks
+    from .training import resolve_device
+
+    settings = _settings()
+    client, _ = _authed_client(settings)
+    torch_device = resolve_device(device)
+    with client:
+        experiment = None
+        if slug is not None:
+            if not SLUG_RE.match(slug):
+                raise WorkerError(
+                    f"{slug!r} is not an experiment name: run `swarmhub experiments` to list them", ExitCode.USAGE
+                )
+            experiment = client.experiment(slug)
+        click.echo(f"Checking this machine for {client.server_url}" + (f" and {slug!r}" if slug else "") + ":")
+        findings = []
+        for check in (
+            lambda: checks.check_device(torch_device),
+            checks.check_open_files,
+            lambda: checks.check_clock(client),
+            lambda: checks.check_bandwidth(client),
+            lambda: checks.check_reachability(client, listen)[0],
+            *([lambda: checks.check_throughput(experiment, torch_device)] if experiment is not None else []),
+        ):
+            finding = check()
+            findings.append(finding)
+            click.echo(finding.line())
+    worst = checks.worst(findings)
+    click.echo("Ready to join." if worst != checks.FAIL else "Fix what failed above, then run `swarmhub doctor` again.")
+    raise click.exceptions.Exit(0 if worst != checks.FAIL else ExitCode.ERROR)
+
+
 def run_session(
     joined: JoinResponse,
     *,
     device: str = "auto",
     listen_maddrs: Sequence[str] = (DEFAULT_LISTEN,),
+    client_mode: bool = False,
     max_steps: int | None = None,
     max_minutes: float | None = None,
     reporter: Reporter | None = None,
@@ -350,6 +412,7 @@ def run_session(
                     joined,
                     device=device,
                     listen_maddrs=listen_maddrs,
+                    client_mode=client_mode,
                     max_steps=max_steps,
                     max_minutes=max_minutes,
                     reporter=reporter,

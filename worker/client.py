@@ -37,9 +37,12 @@ from .protocol import (
     JoinRequest,
     JoinResponse,
     Me,
+    ProbeInfo,
+    ReachabilityResult,
     SwarmToken,
     SwarmTokenRequest,
     TokenResponse,
+    UploadResult,
 )
 
 T = TypeVar("T")
@@ -239,6 +242,27 @@ class ApiClient:
                 return error
         self._raise_for_status(response)
         return self._parse(TokenResponse, response)
+
+    def probe(self) -> ProbeInfo:
+        response = self._send("GET", "/api/probe", auth=True)
+        self._raise_for_status(response)
+        return self._parse(ProbeInfo, response)
+
+    def download_probe(self, size: int) -> int:
+        """Download ``size`` bytes from the server; returns how many arrived."""
+        response = self._send("GET", "/api/probe/download", auth=True, params={"size": size})
+        self._raise_for_status(response)
+        return len(response.content)
+
+    def upload_probe(self, size: int) -> UploadResult:
+        response = self._send("POST", "/api/probe/upload", auth=True, content=b"\0" * size)
+        self._raise_for_status(response)
+        return self._parse(UploadResult, response)
+
+    def reachability(self, maddrs: list[str]) -> ReachabilityResult:
+        response = self._send("POST", "/api/probe/reachability", auth=True, json={"maddrs": maddrs})
+        self._raise_for_status(response)
+        return self._parse(ReachabilityResult, response)
 
     def me(self, token: str | None = None) -> Me:
         response = self._send("GET", "/api/me", auth=True, token=token)

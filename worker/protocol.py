@@ -68,6 +68,7 @@ class ExperimentSummary(BaseModel):
     owner: str
     task: str
     created_at: datetime
+    task_params: dict[str, Any] = Field(default_factory=dict, description="Set by `GET /api/experiments/{slug}`")
 
 
 class JoinRequest(BaseModel):
@@ -176,3 +177,29 @@ class DenyListPublic(BaseModel):
 class Me(BaseModel):
     username: str
     is_admin: bool
+
+
+class ProbeInfo(BaseModel):
+    """`GET /api/probe`: the server's clock and the address it sees this worker at."""
+
+    server_time: float
+    client_host: str
+
+
+class UploadResult(BaseModel):
+    bytes: int
+    seconds: float
+
+
+class DialResult(BaseModel):
+    maddr: str
+    dialed: str | None
+    ok: bool
+    error: str | None = None
+
+
+class ReachabilityResult(BaseModel):
+    """`POST /api/probe/reachability`: could the server open a TCP connection to this worker?"""
+
+    reachable: bool
+    results: list[DialResult]

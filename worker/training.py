@@ -191,6 +191,7 @@ def train(
     *,
     device: str | torch.device = "auto",
     listen_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
+    client_mode: bool = False,
     max_steps: int | None = None,
     max_minutes: float | None = None,
     reporter: ReporterLike | None = None,
@@ -248,6 +249,7 @@ def train(
                 dht = hivemind.DHT(
                     initial_peers=list(join.initial_peers),
                     host_maddrs=list(listen_maddrs),
+                    client_mode=client_mode,  # a peer others cannot dial: it only makes outgoing connections
                     identity_path=str(identity_path),
                     authorizer=access.authorizer,
                     start=True,
@@ -276,6 +278,7 @@ def train(
                     target_batch_size=cfg.target_batch_size,
                     matchmaking_time=cfg.matchmaking_time,
                     averaging_timeout=cfg.averaging_timeout,
+                    client_mode=client_mode,
                     verbose=False,
                 )
             if should_stop() is None:

@@ -1,0 +1,129 @@
+"""Pre-flight probes (a real server on 127.0.0.1) and `swarmhub doctor`: clock, bandwidth, open files,
+reachability by dial-back, and the experiment's throughput on this machine."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from swarmhub.worker import doctor
+from swarmhub.worker.cli import main
+
+from .conftest import PASSWORD, make_experiment, make_user
+
+
+def bearer(url: str, username: str = "alice") -> dict[str, str]:
+    response = httpx.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD})
+    return {"Authorization": f"Bearer {response.json()['access_token']}"}
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # nothing listens there once the socket closes
+
+
+def test_probes_need_a_login_and_bound_their_size(db, live_server):
+    make_user(db)
+    url = live_server.url
+    assert httpx.get(f"{url}/api/probe").status_code == 401
+    assert httpx.post(f"{url}/api/probe/reachability", json={"maddrs": ["/ip4/127.0.0.1/tcp/1"]}).status_code == 401
+    headers = bearer(url)
+    info = httpx.get(f"{url}/api/probe", headers=headers).json()
+    assert info["client_host"] == "127.0.0.1" and info["server_time"] > 0
+    body = httpx.get(f"{url}/api/probe/download", params={"size": 300_000}, headers=headers).content
+    assert len(body) == 300_000
+    too_big = httpx.get(f"{url}/api/probe/download", params={"size": 9 * 2**20}, headers=headers)
+    assert too_big.status_code == 422 and too_big.json()["detail"][0]["loc"] == ["query", "size"]
+    upload = httpx.post(f"{url}/api/probe/upload", content=b"x" * 100_000, headers=headers)
+    assert upload.status_code == 200 and upload.json()["bytes"] == 100_000
+    over = httpx.post(f"{url}/api/probe/upload", content=b"x" * (8 * 2**20 + 1), headers=headers)
+    assert over.status_code == 413 and over.json()["field"] == "body"
+
+
+def test_reachability_dials_back_only_the_caller(db, live_server):
+    make_user(db)
+    url, headers = live_server.url, bearer(live_server.url)
+    with doctor.listening(["/ip4/127.0.0.1/tcp/0"]) as bound:
+        open_port = int(bound[0].rsplit("/", 1)[1])
+        answer = httpx.post(
+            f"{url}/api/probe/reachability",
+            json={"maddrs": [bound[0], f"/ip4/127.0.0.1/tcp/{closed_port()}"]},
+            headers=headers,
+        ).json()
+    assert answer["reachable"] is True
+    assert [(r["dialed"], r["ok"]) for r in answer["results"]][0] == (f"127.0.0.1:{open_port}", True)
+    assert answer["results"][1]["ok"] is False and answer["results"][1]["error"]
+
+    closed = httpx.post(
+        f"{url}/api/probe/reachability", json={"maddrs": [f"/ip4/0.0.0.0/tcp/{closed_port()}"]}, headers=headers
+    ).json()
+    assert closed["reachable"] is False and closed["results"][0]["dialed"].startswith("127.0.0.1:")
+
+    # Another host, a name, junk: the server dials nothing it was not asked by that host (no port scanning).
+    for maddr, why in [
+        ("/ip4/10.1.2.3/tcp/22", "only the address your request came from"),
+        ("/dns4/example.org/tcp/80", "only /ip4/.../tcp/PORT"),
+        ("/ip4/127.0.0.1/udp/53", "only /ip4/.../tcp/PORT"),
+    ]:
+        refused = httpx.post(f"{url}/api/probe/reachability", json={"maddrs": [maddr]}, headers=headers).json()
+        assert refused["reachable"] is False and refused["results"][0]["dialed"] is None, maddr
+        assert why in refused["results"][0]["error"]
+    too_many = httpx.post(
+        f"{url}/api/probe/reachability", json={"maddrs": ["/ip4/127.0.0.1/tcp/1"] * 9}, headers=headers
+    )
+    assert too_many.status_code == 422
+
+
+@pytest.fixture
+def cli_env(tmp_path, db, live_server):
+    make_user(db)
+    token = bearer(live_server.url)["Authorization"].removeprefix("Bearer ")
+    return {
+        "SWARMHUB_CONFIG_DIR": str(tmp_path / "config"),
+        "SWARMHUB_STATE_DIR": str(tmp_path / "state"),
+        "SWARMHUB_SERVER": live_server.url,
+        "SWARMHUB_TOKEN": token,
+    }
+
+
+def test_doctor_reports_every_finding_and_the_throughput(db, live_server, cli_env):
+    owner = make_user(db, "olga")
+    make_experiment(db, owner, slug="doctor-run", status="running")
+    result = CliRunner().invoke(
+        main, ["doctor", "doctor-run", "--listen", "/ip4/127.0.0.1/tcp/0"], env=cli_env, catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    found = {line.split("]", 1)[1].split(":", 1)[0].strip(): line for line in lines if line.startswith("[")}
+    assert set(found) == {"device", "open files", "clock", "bandwidth", "reachability", "throughput"}, lines
+    assert found["device"].startswith("[  ok] device: cpu")
+    assert "Mbit/s" in found["bandwidth"]
+    assert "the server dialed 127.0.0.1:" in found["reachability"]
+    assert "samples/s on 'digits'" in found["throughput"]
+    assert lines[-1] == "Ready to join."
+
+
+def test_doctor_says_what_to_fix(db, live_server, cli_env):
+    # A worker that listens where the server cannot dial it: a warning with the fix, not a failure.
+    result = CliRunner().invoke(
+        main, ["doctor", "--listen", "/ip4/10.255.255.1/tcp/0"], env=cli_env, catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    assert "[warn] reachability: cannot listen on /ip4/10.255.255.1/tcp/0 -> check --listen" in result.output
+    unknown = CliRunner().invoke(main, ["doctor", "no-such-run"], env=cli_env, catch_exceptions=False)
+    assert unknown.exit_code == 4 and "no-such-run" in unknown.output
+
+
+def test_a_worker_the_server_cannot_dial_joins_in_client_mode(db, live_server, cli_env):
+    """As behind a NAT: the worker listens on an address that is not the one the server sees it at."""
+    from swarmhub.worker.client import ApiClient
+
+    with ApiClient(live_server.url, cli_env["SWARMHUB_TOKEN"]) as client:
+        finding, bound = doctor.check_reachability(client, ["/ip4/127.0.0.2/tcp/0"])
+    assert finding.status == doctor.WARN
+    assert "you join in client mode" in finding.detail and "forward the TCP port" in finding.fix
+    assert bound[0].startswith("/ip4/127.0.0.2/tcp/") and not bound[0].endswith("/tcp/0")
