@@ -243,6 +243,7 @@ def train(
     deny_list = swarm_access.DenyList(denied)
     access = _Access(join, identity_path, fetch_token, deny_list)
     dht = opt = None
+    roster_stop, roster_keeper = threading.Event(), None
     with _AveragingWatcher() as watcher:
         try:
             try:
@@ -263,6 +264,7 @@ def train(
                     ExitCode.UNREACHABLE,
                 ) from None
             access.keep_published(dht)
+            roster_keeper = access.keep_publishing(dht, roster_stop)
             maddrs = [str(m) for m in dht.get_visible_maddrs()]
             logger.info("in the swarm as %s on %s", dht.peer_id, ", ".join(maddrs))
             if on_joined is not None:
@@ -301,10 +303,13 @@ def train(
             )
         finally:
             summary.averaging_rounds = dict(watcher.rounds)
+            roster_stop.set()
             try:
                 if opt is not None:
                     opt.shutdown()
             finally:
+                if roster_keeper is not None:
+                    roster_keeper.join(timeout=10)
                 if dht is not None:
                     dht.shutdown()
     return summary
@@ -348,6 +353,7 @@ class _Access:
         self.margin = min(swarm_access.REFRESH_MARGIN, lifetime / 4)
         self._fetch_token = fetch_token
         self._published: str | None = None
+        self._lock = threading.Lock()
         self.authorizer = swarm_access.SwarmAuthorizer(
             self.key,
             self.experiment_key,
@@ -368,11 +374,29 @@ class _Access:
 
     def keep_published(self, dht: Any) -> None:
         """Renew the token when it nears expiry and (re)publish it on the roster; cheap when nothing is due."""
-        if self.authorizer.does_token_need_refreshing(self.token):
-            self.fetch()
-        if self._published != self.token.signature:
-            if swarm_access.publish_roster_entry(dht, self.run_id, self.token):
-                self._published = self.token.signature
+        with self._lock:
+            if self.authorizer.does_token_need_refreshing(self.token):
+                self.fetch()
+            if self._published != self.token.signature:
+                if swarm_access.publish_roster_entry(dht, self.run_id, self.token):
+                    self._published = self.token.signature
+
+    def keep_publishing(self, dht: Any, stop: threading.Event) -> threading.Thread:
+        """Keep the token and roster entry current in the background until ``stop``: a training step can block
+        as long as an averaging round lasts, and a roster entry that expires meanwhile makes the other peers
+        refuse this one, so that the next round fails too."""
+        interval = max(min(5.0, self.margin.total_seconds() / 2), 0.5)
+
+        def run() -> None:
+            while not stop.wait(interval):
+                try:
+                    self.keep_published(dht)
+                except Exception as exc:
+                    logger.warning("could not renew this peer's roster entry: %r", exc)
+
+        thread = threading.Thread(target=run, daemon=True, name="swarmhub-roster")
+        thread.start()
+        return thread
 
 
 def _loop(

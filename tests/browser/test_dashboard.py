@@ -5,6 +5,7 @@ form (fixing an inline error first), starts it, and watches the dashboard draw n
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -121,7 +122,9 @@ def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path
         page.wait_for_function(
             "n => Number(document.querySelector('#chart-loss').dataset.points) > n", arg=first, timeout=60_000
         )
-        assert page.locator("#stat-samples").inner_text() not in ("–", "0")
+        expect(page.locator("#stat-claimed")).not_to_have_text(re.compile(r"^(–|0)$"))
+        # Verified samples follow once the swarm closes an epoch and its monitor has read the signed records.
+        expect(page.locator("#stat-samples")).not_to_have_text(re.compile(r"^(–|0)$"), timeout=60_000)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     finally:
