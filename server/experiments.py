@@ -19,6 +19,7 @@ from swarmhub.worker.protocol import (
     ExperimentStatus,
     ExperimentSummary,
     OptimizerName,
+    Overlap,
     SwarmToken,
     TrainingSettings,
 )
@@ -58,6 +59,9 @@ class ExperimentFields(TrainingSettings):
     task_params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     join_policy: JoinPolicy = JoinPolicy.open
     allowlist: list[str] = Field(default_factory=list, max_length=10_000)
+    aux_peer: bool = Field(
+        default=False, description="The server runs an auxiliary peer that helps average (no gradients of its own)"
+    )
 
     @field_validator("allowlist", mode="before")
     @classmethod
@@ -120,6 +124,8 @@ class ExperimentUpdate(BaseModel):
     target_batch_size: int | None = None
     matchmaking_time: float | None = None
     averaging_timeout: float | None = None
+    overlap: Overlap | None = None
+    aux_peer: bool | None = None
     join_policy: JoinPolicy | None = None
     allowlist: list[str] | str | None = None
 
@@ -131,6 +137,8 @@ class ExperimentPublic(ExperimentSummary):
     target_batch_size: int
     matchmaking_time: float
     averaging_timeout: float
+    overlap: Overlap
+    aux_peer: bool
     join_policy: JoinPolicy
     updated_at: datetime
 
@@ -153,6 +161,8 @@ def to_public(experiment: Experiment) -> ExperimentPublic:
         target_batch_size=experiment.target_batch_size,
         matchmaking_time=experiment.matchmaking_time,
         averaging_timeout=experiment.averaging_timeout,
+        overlap=Overlap(experiment.overlap),
+        aux_peer=experiment.aux_peer,
         join_policy=JoinPolicy(experiment.join_policy),
         created_at=experiment.created_at,
         updated_at=experiment.updated_at,
@@ -240,7 +250,7 @@ def update(session: Session, experiment: Experiment, data: ExperimentUpdate) -> 
         raise Conflict("pause the experiment before changing how it trains", field=training_changes[0])
     merged = {
         name: getattr(experiment, name)
-        for name in ("title", "description", "join_policy", "allowlist", *TRAINING_FIELDS)
+        for name in ("title", "description", "join_policy", "allowlist", "aux_peer", *TRAINING_FIELDS)
     }
     merged.update({k: v for k, v in changes.items() if v is not None})
     if "task" in changes and "task_params" not in changes:

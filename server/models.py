@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -133,6 +134,8 @@ class Experiment(Base):
     target_batch_size: Mapped[int] = mapped_column(Integer)
     matchmaking_time: Mapped[float] = mapped_column(Float)
     averaging_timeout: Mapped[float] = mapped_column(Float)
+    overlap: Mapped[str] = mapped_column(String(32), default="none")
+    aux_peer: Mapped[bool] = mapped_column(Boolean, default=False)  # the server runs an auxiliary peer
     # The experiment's swarm token signing key (base64 DER). It never leaves the server.
     signing_key: Mapped[str] = mapped_column(Text)
     join_policy: Mapped[str] = mapped_column(String(16), default="open")  # open / invite / allowlist

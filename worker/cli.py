@@ -253,6 +253,19 @@ def experiments() -> None:
     is_flag=True,
     help="Do not accept connections from other peers (default: only when the server cannot dial this machine)",
 )
+@click.option(
+    "--aux",
+    "auxiliary",
+    is_flag=True,
+    help="Help the swarm average without computing gradients (a CPU machine with a good link)",
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
+    default="auto",
+    show_default=True,
+    help="Compute precision: auto is bf16 or fp16 on CUDA, fp32 on the CPU; the swarm always averages fp32",
+)
 @click.option("--verbose", is_flag=True, help="Show hivemind's logs on the console instead of the log file")
 def join(
     slug: str,
@@ -261,6 +274,8 @@ def join(
     max_minutes: float | None,
     listen: Sequence[str],
     client_mode: bool,
+    auxiliary: bool,
+    precision: str,
     verbose: bool,
 ) -> None:
     """Join experiment SLUG and train with its swarm until stopped (Ctrl-C leaves cleanly)."""
@@ -272,9 +287,10 @@ def join(
         )
     from . import doctor, swarm_access
     from .reporter import Reporter
-    from .training import resolve_device
+    from .training import resolve_device, resolve_precision
 
     torch_device = resolve_device(device)
+    resolve_precision(precision, torch_device)  # a precision this device lacks is a usage error, before joining
     with client:
         username = client.me().username
         # One key per user and experiment on this machine: the peer ID, the swarm token and the signed
@@ -286,12 +302,21 @@ def join(
         joined = client.join(slug, request)
         check_clock(joined.server_time, sent_at, time.time())
         doctor.raise_open_files_limit()
+        if auxiliary and client_mode:
+            raise WorkerError("An auxiliary peer must accept connections: drop --client-mode", ExitCode.USAGE)
         if not client_mode:
             # Can other peers dial us? If not, join in client mode: train and average through reachable peers.
             reach, listen = doctor.check_reachability(client, listen)
             client_mode = reach.status != doctor.OK
+            if client_mode and auxiliary:
+                raise WorkerError(
+                    f"An auxiliary peer must be reachable, and {reach.detail.split(':')[0]}: {reach.fix}",
+                    ExitCode.USAGE,
+                )
             if client_mode:
                 click.echo(f"Note: {reach.detail}.")
+        # The link speed goes to hivemind's load balancing: faster peers reduce a larger part of the vector.
+        bandwidth = None if client_mode else doctor.measure_bandwidth(client)
 
     def fetch_token() -> SwarmToken:
         with ApiClient(client.server_url, token, user_agent=USER_AGENT) as refresher:
@@ -302,8 +327,9 @@ def join(
             return poller.denylist(slug)
 
     click.echo(
-        f"Joined {slug!r} ({joined.experiment.title}) as {joined.username}: training "
-        f"{joined.experiment.task} on {torch_device}. Ctrl-C to leave."
+        f"Joined {slug!r} ({joined.experiment.title}) as {joined.username}: "
+        + ("helping average (auxiliary peer)" if auxiliary else f"training {joined.experiment.task} on {torch_device}")
+        + ". Ctrl-C to leave."
     )
     reporter = Reporter.for_join(client.server_url, token, joined).start()
     code = run_session(
@@ -311,6 +337,9 @@ def join(
         device=str(torch_device),
         listen_maddrs=listen,
         client_mode=client_mode,
+        auxiliary=auxiliary,
+        bandwidth=bandwidth,
+        precision=precision,
         max_steps=max_steps,
         max_minutes=max_minutes,
         reporter=reporter,
@@ -377,6 +406,9 @@ def run_session(
     device: str = "auto",
     listen_maddrs: Sequence[str] = (DEFAULT_LISTEN,),
     client_mode: bool = False,
+    auxiliary: bool = False,
+    bandwidth: float | None = None,
+    precision: str = "auto",
     max_steps: int | None = None,
     max_minutes: float | None = None,
     reporter: Reporter | None = None,
@@ -413,6 +445,9 @@ def run_session(
                     device=device,
                     listen_maddrs=listen_maddrs,
                     client_mode=client_mode,
+                    auxiliary=auxiliary,
+                    bandwidth=bandwidth,
+                    precision=precision,
                     max_steps=max_steps,
                     max_minutes=max_minutes,
                     reporter=reporter,

@@ -8,6 +8,7 @@ a :class:`Finding`; none raises for a machine problem, only for an unreachable s
 from __future__ import annotations
 
 import contextlib
+import logging
 import resource
 import socket
 import threading
@@ -19,6 +20,8 @@ from typing import Any
 import torch
 
 from .client import MAX_CLOCK_SKEW_SECONDS, ApiClient, WorkerError
+
+logger = logging.getLogger(__name__)
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 WANTED_OPEN_FILES = 4096  # hivemind keeps a connection (and its p2pd streams) per peer
@@ -96,13 +99,29 @@ def check_clock(client: ApiClient) -> Finding:
     return Finding("clock", OK, f"{abs(skew):.1f} s off the server's")
 
 
-def check_bandwidth(client: ApiClient, size: int = PROBE_BYTES) -> Finding:
+def measure_links(client: ApiClient, size: int = PROBE_BYTES) -> tuple[float, float]:
+    """(download, upload) Mbit/s to the server."""
     started = time.perf_counter()
     received = client.download_probe(size)
     down = received * 8 / 1e6 / max(time.perf_counter() - started, 1e-9)
     started = time.perf_counter()
     client.upload_probe(size)
     up = size * 8 / 1e6 / max(time.perf_counter() - started, 1e-9)
+    return down, up
+
+
+def measure_bandwidth(client: ApiClient, size: int = 2**21) -> float | None:
+    """This peer's bandwidth for hivemind's load balancing (Mbit/s, the slower direction), or None when the
+    server cannot be probed: hivemind then assumes the group's average."""
+    try:
+        return round(min(measure_links(client, size)), 3)
+    except WorkerError as exc:
+        logger.warning("could not measure bandwidth: %s", exc.message)
+        return None
+
+
+def check_bandwidth(client: ApiClient, size: int = PROBE_BYTES) -> Finding:
+    down, up = measure_links(client, size)
     detail = f"download {down:,.0f} Mbit/s, upload {up:,.0f} Mbit/s to the server"
     if min(up, down) < SLOW_LINK_MBPS:
         return Finding(

@@ -31,6 +31,14 @@ class OptimizerName(str, Enum):
     sgd = "sgd"
 
 
+class Overlap(str, Enum):
+    """How much communication overlaps computation (hivemind's delayed updates)."""
+
+    none = "none"  # average gradients, step, then compute the next batch
+    delayed_step = "delayed-step"  # the optimizer steps in the background; its result lands one step later
+    delayed_averaging = "delayed-averaging"  # gradients are also averaged in the background (one step stale)
+
+
 class TrainingSettings(BaseModel):
     """What is trained and how: the part of an experiment that every worker must agree on."""
 
@@ -48,6 +56,11 @@ class TrainingSettings(BaseModel):
     )
     averaging_timeout: float = Field(
         default=30.0, ge=5, le=600, description="Seconds after which a stuck averaging round is abandoned"
+    )
+    overlap: Overlap = Field(
+        default=Overlap.none,
+        description="Overlap communication with computation: none, delayed-step, or delayed-averaging "
+        "(faster on slow links, one step of staleness)",
     )
 
 

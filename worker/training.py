@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from . import swarm_access
 from .client import ExitCode, WorkerError
-from .protocol import Control, JoinResponse, MetricReport, OptimizerName, SwarmToken, TrainingSettings
+from .protocol import Control, JoinResponse, MetricReport, OptimizerName, Overlap, SwarmToken, TrainingSettings
 from .tasks import Task, UnknownTask, get_task
 
 logger = logging.getLogger(__name__)
@@ -94,6 +94,31 @@ class TrainingSummary:
     stop_reason: StopReason = StopReason.max_steps
     control: Control | None = None
     fatal: WorkerError | None = None
+    precision: str = "fp32"
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """The compute precision of the forward and backward passes: ``auto`` is bf16 on a CUDA device that
+    supports it, fp16 on other CUDA devices (with hivemind's GradScaler), fp32 on the CPU. Parameters,
+    gradients and everything the swarm averages stay fp32 whatever this is, so peers of mixed precision agree."""
+    if name == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "fp32"
+    if name == "fp16" and device.type != "cuda":
+        raise WorkerError("fp16 needs a CUDA device: use --precision bf16 or fp32 on the CPU", ExitCode.USAGE)
+    if name not in ("fp32", "bf16", "fp16"):
+        raise WorkerError(f"Unknown precision {name!r}: use auto, fp32, bf16 or fp16", ExitCode.USAGE)
+    return name
+
+
+def overlap_options(overlap: Overlap) -> dict[str, Any]:
+    """hivemind.Optimizer's delayed-update options for an experiment's ``overlap`` setting."""
+    if overlap == Overlap.delayed_averaging:
+        return {"offload_optimizer": True, "delay_optimizer_step": True, "delay_grad_averaging": True}
+    if overlap == Overlap.delayed_step:
+        return {"offload_optimizer": True, "delay_optimizer_step": True}
+    return {}
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -192,6 +217,9 @@ def train(
     device: str | torch.device = "auto",
     listen_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
     client_mode: bool = False,
+    auxiliary: bool = False,
+    bandwidth: float | None = None,
+    precision: str = "auto",
     max_steps: int | None = None,
     max_minutes: float | None = None,
     reporter: ReporterLike | None = None,
@@ -221,9 +249,11 @@ def train(
     torch_device = device if isinstance(device, torch.device) else resolve_device(device)
 
     task = load_task(cfg.task, cfg.task_params)
-    model = task.build_model().to(torch_device)
+    model = task.build_model().to(torch_device)  # parameters stay fp32 everywhere: the swarm averages one dtype
     batches = task.batches(seed=data_seed(join.worker_id))
     summary = TrainingSummary()
+    amp = resolve_precision(precision, torch_device)
+    summary.precision = amp
 
     def should_stop() -> StopReason | None:
         if stop_event.is_set():
@@ -276,13 +306,22 @@ def train(
                     run_id=join.run_id,
                     params=list(task.parameter_groups(model)),
                     optimizer=optimizer_factory(cfg),
-                    batch_size_per_step=task.batch_size,
+                    batch_size_per_step=None if auxiliary else task.batch_size,
                     target_batch_size=cfg.target_batch_size,
                     matchmaking_time=cfg.matchmaking_time,
                     averaging_timeout=cfg.averaging_timeout,
                     client_mode=client_mode,
+                    auxiliary=auxiliary,
+                    # The measured link speed: hivemind gives faster peers a larger part of the vector to reduce.
+                    averager_opts={"bandwidth": bandwidth} if bandwidth is not None else None,
+                    **overlap_options(cfg.overlap),
                     verbose=False,
                 )
+            if auxiliary:
+                _assist(
+                    opt, summary, should_stop, pause=stop_event.wait, keep_access=lambda: access.keep_published(dht)
+                )
+                return summary
             if should_stop() is None:
                 opt.load_state_from_peers()  # a late joiner catches up with the swarm's weights and epoch
                 _refresh_swarm_progress(opt)
@@ -299,6 +338,7 @@ def train(
                 should_stop,
                 pause=stop_event.wait,
                 min_epoch_seconds=cfg.matchmaking_time,
+                amp=amp,
                 keep_access=lambda: access.keep_published(dht),
             )
         finally:
@@ -313,6 +353,28 @@ def train(
                 if dht is not None:
                     dht.shutdown()
     return summary
+
+
+def _assist(
+    opt: Any,
+    summary: TrainingSummary,
+    should_stop: Callable[[], StopReason | None],
+    *,
+    pause: Callable[[float], Any],
+    keep_access: Callable[[], None],
+    interval: float = 0.2,
+) -> None:
+    """An auxiliary peer: no gradients of its own; each ``opt.step()`` joins the swarm's averaging rounds when
+    an epoch ends, lending this machine's bandwidth to the all-reduce."""
+    last_report = time.monotonic()
+    while (reason := should_stop()) is None:
+        opt.step()
+        summary.epoch = opt.local_epoch
+        if time.monotonic() - last_report >= REPORT_EVERY_SECONDS:
+            keep_access()
+            last_report = time.monotonic()
+        pause(interval)
+    summary.stop_reason = reason
 
 
 def _refresh_swarm_progress(opt: Any, timeout: float = 10.0) -> None:
@@ -414,8 +476,13 @@ def _loop(
     pause: Callable[[float], Any],
     min_epoch_seconds: float,
     keep_access: Callable[[], None] = lambda: None,
+    amp: str = "fp32",
 ) -> None:
     started = time.monotonic()
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    # fp16: PyTorch's own scaler. It unscales the model's gradients before hivemind accumulates them (hivemind's
+    # GradScaler is only for reuse_grad_buffers=True, which this loop does not use) and skips overflowed batches.
+    scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
     last_epoch_change = started
     seq = 0
     window_losses: list[float] = []
@@ -475,9 +542,15 @@ def _loop(
     model.train()
     while (reason := should_stop()) is None:
         batch = next(batches)
-        loss = task.loss(model, batch, device)
-        loss.backward()
-        opt.step()
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            loss = task.loss(model, batch, device)
+        if scaler is not None:  # fp16: scale the loss so that small gradients survive the backward pass
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         opt.zero_grad()
         summary.steps += 1
         summary.samples += task.batch_size

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 
-from swarmhub.worker.protocol import OptimizerName, TrainingSettings
+from swarmhub.worker.protocol import OptimizerName, Overlap, TrainingSettings
 from swarmhub.worker.tasks import available_tasks, get_task
 
 from .. import accounts, device, experiments
@@ -27,6 +27,7 @@ EXPERIMENT_FIELDS = (
     "task",
     "join_policy",
     "allowlist",
+    "aux_peer",
     *[f for f in TrainingSettings.model_fields if f not in ("task", "task_params")],
 )
 
@@ -111,6 +112,7 @@ def _form_page(
             "experiment": experiment,
             "tasks": task_forms(),
             "optimizers": [o.value for o in OptimizerName],
+            "overlaps": [o.value for o in Overlap],
             "policies": [p.value for p in experiments.JoinPolicy],
         },
         user=user,
