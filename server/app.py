@@ -91,10 +91,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     live = LiveHub(settings.live_interval_seconds)
     wake = asyncio.Event()
 
-    def running_run_ids() -> dict[str, tuple[str, list[str]]]:
+    def running_run_ids() -> dict[str, tuple[str, list[str], dict[str, Any] | None]]:
         with app.state.sessionmaker() as session:
             return {
-                experiments.run_id(e): (e.signing_key, experiments.banned_usernames(session, e))
+                experiments.run_id(e): (
+                    e.signing_key,
+                    experiments.banned_usernames(session, e),
+                    experiments.to_config(e).model_dump(mode="json") if e.aux_peer else None,
+                )
                 for e in experiments.running(session)
             }
 

@@ -44,6 +44,7 @@ class SwarmHost:
         self.enabled = enabled
         self.token_minutes = token_minutes
         self._peers: dict[str, Peer] = {}
+        self._aux: dict[str, subprocess.Popen[str]] = {}  # run_id -> the server's auxiliary peer, when asked for
         self._lock = threading.Lock()
         # Called (in the peer's reader thread) with each progress event: the verified-contribution ledger.
         self.on_progress: Callable[[str, dict[str, Any]], None] | None = None
@@ -108,7 +109,51 @@ class SwarmHost:
             logger.info("started swarm peer for %s (pid %s)", run_id, process.pid)
             return peer
 
+    def start_aux(self, run_id: str, experiment: dict[str, Any]) -> None:
+        """Run the experiment's auxiliary peer (``aux_peer.py``) once its bootstrap peer is ready."""
+        with self._lock:
+            running = self._aux.get(run_id)
+            peer = self._peers.get(run_id)
+            if (running is not None and running.poll() is None) or peer is None or not peer.ready.is_set():
+                return
+            folder = self.data_dir / "peers"
+            config = folder / f"{run_id}.aux.json"
+            config.write_text(json.dumps({"run_id": run_id, "experiment": experiment, "initial_peers": peer.maddrs}))
+            cmd = [
+                sys.executable,
+                "-m",
+                "swarmhub.server.aux_peer",
+                "--config",
+                str(config),
+                "--signing-key-file",
+                str(folder / f"{run_id}.signing"),
+                "--identity",
+                str(folder / f"{run_id}.aux.key"),
+                "--host",
+                self.host,
+                "--token-minutes",
+                str(self.token_minutes),
+            ]
+            log = open(folder / f"{run_id}.aux.log", "a")  # noqa: SIM115 - the child owns it from here
+            self._aux[run_id] = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=log, stderr=log, text=True, start_new_session=True
+            )
+            log.close()
+            logger.info("started the auxiliary peer for %s (pid %s)", run_id, self._aux[run_id].pid)
+
+    def stop_aux(self, run_id: str, timeout: float = 30.0) -> None:
+        with self._lock:
+            process = self._aux.pop(run_id, None)
+        if process is not None:
+            _terminate(process, timeout)
+            logger.info("stopped the auxiliary peer for %s", run_id)
+
+    def aux_running(self, run_id: str) -> bool:
+        process = self._aux.get(run_id)
+        return process is not None and process.poll() is None
+
     def stop(self, run_id: str, timeout: float = 15.0) -> None:
+        self.stop_aux(run_id)
         with self._lock:
             peer = self._peers.pop(run_id, None)
         if peer is None:
@@ -116,17 +161,22 @@ class SwarmHost:
         _terminate(peer.process, timeout)
         logger.info("stopped swarm peer for %s", run_id)
 
-    def reconcile(self, running: dict[str, tuple[str, list[str]]]) -> None:
-        """Run exactly one peer per running experiment (run_id -> signing key, removed usernames); restart
-        any that died; keep each peer's deny-list file current."""
+    def reconcile(self, running: dict[str, tuple[str, list[str], dict[str, Any] | None]]) -> None:
+        """Run exactly one peer per running experiment (run_id -> signing key, removed usernames, and the
+        experiment's config when it asks for an auxiliary peer); restart any that died; keep each peer's
+        deny-list file current."""
         if not self.enabled:
             return
         for run_id in list(self._peers):
             if run_id not in running:
                 self.stop(run_id)
-        for run_id, (signing_key, denied) in running.items():
+        for run_id, (signing_key, denied, aux) in running.items():
             self.write_denied(run_id, denied)
             self.start(run_id, signing_key)
+            if aux is not None:
+                self.start_aux(run_id, aux)
+            elif run_id in self._aux:
+                self.stop_aux(run_id)
 
     def write_denied(self, run_id: str, usernames: list[str]) -> None:
         folder = self.data_dir / "peers"
@@ -151,6 +201,8 @@ class SwarmHost:
         return int(peer.progress.get("peers", 0))
 
     def close(self) -> None:
+        for run_id in list(self._aux):
+            self.stop_aux(run_id)
         for run_id in list(self._peers):
             self.stop(run_id)
 
