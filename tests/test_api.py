@@ -278,3 +278,21 @@ def test_join_policies(client, db):
 
     bad = client.patch(f"/api/experiments/{NEW['slug']}", json={"allowlist": ["ok", "not a name!"]}, headers=organizer)
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "allowlist"]
+
+
+def test_overlap_and_auxiliary_peer_settings(client, db):
+    make_user(db)
+    headers = api_token(client)
+    created = client.post(
+        "/api/experiments", json={**NEW, "overlap": "delayed-averaging", "aux_peer": True}, headers=headers
+    )
+    assert created.status_code == 201, created.text
+    url = f"/api/experiments/{NEW['slug']}"
+    assert (created.json()["overlap"], created.json()["aux_peer"]) == ("delayed-averaging", True)
+    bad = client.patch(url, json={"overlap": "sometimes"}, headers=headers)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "overlap"]
+    client.post(f"{url}/status", json={"action": "start"}, headers=headers)
+    # Every peer must agree on the overlap: not while running. The server's auxiliary peer can come and go.
+    assert client.patch(url, json={"overlap": "none"}, headers=headers).json()["field"] == "overlap"
+    assert client.patch(url, json={"aux_peer": False}, headers=headers).json()["aux_peer"] is False
+    assert client.get(url).json()["overlap"] == "delayed-averaging"

@@ -104,6 +104,19 @@ def test_create_experiment_through_the_form(client, db):
     page = client.get("/experiments/digits-together").text
     assert "Digits together" in page and 'value="start"' in page
 
+    def stored() -> tuple[bool, str]:
+        with db() as session:
+            experiment = session.scalar(select(Experiment))
+            return experiment.aux_peer, experiment.overlap
+
+    assert stored() == (False, "none")  # the unticked box (only its hidden "false" was sent), the default overlap
+    form = {**FORM, "csrf_token": csrf, "overlap": "delayed-step", "aux_peer": ["false", "true"]}
+    assert client.post("/experiments/digits-together/edit", data=form, follow_redirects=False).status_code == 303
+    assert stored() == (True, "delayed-step")
+    form["aux_peer"] = "false"  # unticked again
+    client.post("/experiments/digits-together/edit", data=form, follow_redirects=False)
+    assert stored() == (False, "delayed-step")
+
 
 def test_invalid_form_shows_inline_errors_and_creates_nothing(client, db):
     make_user(db)
