@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import contributions, experiments
+from . import contributions, experiments, observability
 from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
@@ -157,6 +157,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.reconcile_soon = lambda: None  # replaced once the event loop runs
     app.state.loop = None
     _install_error_handlers(app)
+    observability.install(app, settings.metrics_token or None)
 
     web = Path(str(files("swarmhub.web")))
     app.mount("/static", StaticFiles(directory=web / "static"), name="static")

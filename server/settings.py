@@ -25,6 +25,7 @@ class Settings(BaseSettings):
     device_code_minutes: int = 10
     active_window_seconds: int = 30  # a worker that reported within this window counts as active
     live_interval_seconds: float = 1.0  # dashboards get at most one push per interval per experiment
+    metrics_token: str = ""  # when set, GET /metrics (Prometheus) needs "Authorization: Bearer <it>"
 
     @model_validator(mode="after")
     def _defaults(self) -> Settings:

@@ -200,6 +200,12 @@ class SwarmHost:
             return None
         return int(peer.progress.get("peers", 0))
 
+    def peer_counts(self) -> dict[str, int]:
+        """run_id -> peers its monitor saw in the swarm at its last read."""
+        return {
+            run_id: int(peer.progress.get("peers", 0)) for run_id, peer in list(self._peers.items()) if peer.progress
+        }
+
     def close(self) -> None:
         for run_id in list(self._aux):
             self.stop_aux(run_id)

@@ -22,6 +22,7 @@ from swarmhub.worker.protocol import MAX_REPORT_BYTES, Ack, Control, ExperimentS
 from .. import accounts, experiments, metrics
 from ..errors import AppError, Forbidden
 from ..models import Experiment, WorkerRun
+from ..observability import count_websocket
 from ..snapshots import dashboard_snapshot
 
 router = APIRouter()
@@ -49,8 +50,9 @@ def _authorize(app: Any, token: str | None, slug: str, worker_id: str) -> tuple[
         return worker.id, experiment.slug
 
 
-def _store(app: Any, worker_id: str, report: MetricReport) -> Control | None:
-    """Store a report; returns what stops the worker, if anything (a paused experiment, a removal)."""
+def _store(app: Any, worker_id: str, report: MetricReport) -> tuple[Control | None, bool]:
+    """Store a report; returns what stops the worker, if anything (a paused experiment, a removal), and
+    whether the report was new (not a re-sent duplicate)."""
     with app.state.sessionmaker.begin() as session:
         worker = session.get(WorkerRun, worker_id)
         assert worker is not None
@@ -58,11 +60,12 @@ def _store(app: Any, worker_id: str, report: MetricReport) -> Control | None:
         assert experiment is not None
         status = ExperimentStatus(experiment.status)
         if experiments.is_banned(session, experiment, worker.user):
-            return Control(status=status, removed=True, message="the organizer removed you from this experiment")
-        metrics.ingest(session, worker, report)
+            removed = Control(status=status, removed=True, message="the organizer removed you from this experiment")
+            return removed, False
+        stored = metrics.ingest(session, worker, report)
         if status != ExperimentStatus.running:
-            return Control(status=status, message=f"the organizer set this experiment to {status.value}")
-        return None
+            return Control(status=status, message=f"the organizer set this experiment to {status.value}"), stored
+        return None, stored
 
 
 @router.websocket("/ws/experiments/{slug}/report")
@@ -77,6 +80,7 @@ async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
     worker_id, slug = outcome
     await websocket.accept()
     window_start, count = asyncio.get_running_loop().time(), 0
+    count_websocket(app, "report", 1)
     try:
         while True:
             text = await websocket.receive_text()
@@ -97,7 +101,8 @@ async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
                 field = ".".join(str(p) for p in first["loc"]) or "message"
                 await websocket.close(POLICY_VIOLATION, f"invalid report: {field}: {first['msg']}"[:120])
                 return
-            control = await run_in_threadpool(_store, app, worker_id, message)
+            control, stored = await run_in_threadpool(_store, app, worker_id, message)
+            app.state.metrics.ingested.labels("stored" if stored else "duplicate").inc()
             if control is not None and control.removed:  # nothing more is stored from a removed volunteer
                 await websocket.send_text(control.model_dump_json())
                 await websocket.close(POLICY_VIOLATION, "removed by the organizer")
@@ -108,6 +113,8 @@ async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
                 await websocket.send_text(control.model_dump_json())
     except WebSocketDisconnect:
         pass
+    finally:
+        count_websocket(app, "report", -1)
 
 
 def _snapshot(app: Any, slug: str) -> dict[str, Any] | None:
@@ -129,6 +136,7 @@ async def live(websocket: WebSocket, slug: str) -> None:
         return
     await websocket.accept()
     queue = app.state.live.subscribe(slug)
+    count_websocket(app, "live", 1)
     # Viewers send nothing: any message, or the close, ends the subscription.
     receiver = asyncio.ensure_future(websocket.receive_text())
     try:
@@ -143,6 +151,7 @@ async def live(websocket: WebSocket, slug: str) -> None:
     except (WebSocketDisconnect, RuntimeError):
         pass
     finally:
+        count_websocket(app, "live", -1)
         app.state.live.unsubscribe(slug, queue)
         receiver.cancel()
         if receiver.done() and not receiver.cancelled():

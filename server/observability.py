@@ -1,0 +1,117 @@
+"""Prometheus metrics at ``GET /metrics``: requests, websocket connections, ingested metric messages and the
+swarm peers of every running experiment. Each app has its own registry (tests run several apps at once).
+
+Set ``SWARMHUB_METRICS_TOKEN`` to require ``Authorization: Bearer <token>`` for the scrape.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import NotAuthenticated
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "swarmhub_http_requests",
+            "HTTP requests served, by method, route template and status",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "swarmhub_http_request_seconds",
+            "HTTP request latency, by route template",
+            ["route"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.websockets = Gauge(
+            "swarmhub_websocket_connections",
+            "Open websocket connections, by channel (report: workers, live: dashboards)",
+            ["channel"],
+            registry=self.registry,
+        )
+        self.ingested = Counter(
+            "swarmhub_metric_messages_ingested",
+            "Metric messages from workers, by outcome (stored, duplicate)",
+            ["outcome"],
+            registry=self.registry,
+        )
+
+
+class _SwarmCollector(Collector):
+    """Peers each experiment's monitor sees in its swarm, read when scraped."""
+
+    def __init__(self, app: FastAPI):
+        self.app = app
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "swarmhub_swarm_peers",
+            "Peers in each running experiment's swarm, as its monitor peer sees them",
+            labels=["run_id"],
+        )
+        for run_id, peers in self.app.state.swarm.peer_counts().items():
+            family.add_metric([run_id], peers)
+        yield family
+
+
+class RequestMetrics:
+    """ASGI middleware: counts HTTP requests by the route template (never the raw path: bounded labels)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500}
+        started = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or ("static" if scope["path"].startswith("/static") else "other")
+            self.metrics.requests.labels(scope["method"], template, str(status["code"])).inc()
+            self.metrics.latency.labels(template).observe(time.perf_counter() - started)
+
+
+def install(app: FastAPI, token: str | None) -> Metrics:
+    metrics = Metrics()
+    metrics.registry.register(_SwarmCollector(app))
+    app.state.metrics = metrics
+    app.add_middleware(RequestMetrics, metrics=metrics)
+
+    @app.get("/metrics", tags=["ops"], include_in_schema=False)
+    def prometheus(request: Request) -> Response:
+        if token:
+            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                raise NotAuthenticated("this server's metrics need its metrics token")
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return metrics
+
+
+def count_websocket(app: Any, channel: str, delta: int) -> None:
+    app.state.metrics.websockets.labels(channel).inc(delta)
