@@ -6,7 +6,7 @@ import re
 from datetime import datetime, timedelta, timezone
 
 from pydantic import BaseModel, Field, field_validator
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from . import security
@@ -79,6 +79,12 @@ def session_for_cookie(session: Session, cookie: str | None) -> WebSession | Non
 
 def end_session(session: Session, web: WebSession) -> None:
     session.delete(web)
+
+
+def end_all_sessions(session: Session, user: User) -> int:
+    """Sign out everywhere: every browser session of ``user`` ends."""
+    result = session.execute(delete(WebSession).where(WebSession.user_id == user.id))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def issue_token(session: Session, user: User, name: str) -> tuple[str, ApiToken]:

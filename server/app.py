@@ -25,6 +25,7 @@ from .deps import LoginRequired
 from .errors import AppError
 from .live import LiveHub
 from .models import utcnow
+from .ratelimit import RateLimiter
 from .routes import api, pages, probe, ws
 from .settings import Settings
 from .swarm import SwarmHost
@@ -153,6 +154,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.swarm = swarm
+    app.state.ratelimiter = RateLimiter()
     app.state.live = live
     app.state.reconcile_soon = lambda: None  # replaced once the event loop runs
     app.state.loop = None

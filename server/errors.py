@@ -45,6 +45,10 @@ class TooLarge(AppError):
     status_code = 413
 
 
+class TooManyRequests(AppError):
+    status_code = 429
+
+
 class Unavailable(AppError):
     status_code = 503
 

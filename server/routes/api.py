@@ -24,6 +24,7 @@ from swarmhub.worker.protocol import (
 from .. import accounts, device, experiments, metrics
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token
 from ..errors import Unavailable
+from ..ratelimit import limited
 from ..snapshots import base_url, metrics_public
 
 router = APIRouter(prefix="/api", tags=["api"])
@@ -44,7 +45,7 @@ class LoginRequest(BaseModel):
     token_name: str = Field(default="api", max_length=100)
 
 
-@router.post("/auth/device/code", response_model=DeviceCode)
+@router.post("/auth/device/code", response_model=DeviceCode, dependencies=[limited("token-issue")])
 def device_code(body: DeviceCodeRequest, request: Request, session: DB, settings: AppSettings) -> DeviceCode:
     return device.start(session, body.client_name, base_url(request, settings), settings.device_code_minutes)
 
@@ -57,7 +58,7 @@ def device_token(body: DeviceTokenRequest, session: DB) -> TokenResponse | JSONR
     return result
 
 
-@router.post("/auth/token", response_model=TokenResponse)
+@router.post("/auth/token", response_model=TokenResponse, dependencies=[limited("login")])
 def password_token(body: LoginRequest, session: DB) -> TokenResponse:
     """A token for scripts that hold a password (the CLI uses the device flow instead)."""
     user = accounts.authenticate(session, body.username, body.password)

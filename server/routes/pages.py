@@ -12,10 +12,11 @@ from pydantic import ValidationError
 from swarmhub.worker.protocol import OptimizerName, Overlap, TrainingSettings
 from swarmhub.worker.tasks import available_tasks, get_task
 
-from .. import accounts, device, experiments
+from .. import accounts, device, experiments, ratelimit
 from ..deps import CSRF, DB, SESSION_COOKIE, AppSettings, PageUser, RequiredPageUser, web_session
 from ..errors import AppError
 from ..models import WebSession
+from ..ratelimit import limited
 from ..views import render
 
 router = APIRouter(include_in_schema=False)
@@ -146,7 +147,7 @@ def _login_response(session: DB, user: Any, settings: AppSettings, target: str) 
     return response
 
 
-@router.post("/signup", dependencies=[CSRF])
+@router.post("/signup", dependencies=[CSRF, limited("signup")])
 async def signup(request: Request, session: DB, settings: AppSettings, web: WebSess) -> Response:
     form = await request.form()
     values = {"username": str(form.get("username", ""))}
@@ -168,7 +169,7 @@ def login_page(request: Request, user: PageUser, web: WebSess, next: str = "/") 
     return render(request, "login.html", {"values": {}, "errors": {}, "next": _safe_next(next)}, user=user, web=web)
 
 
-@router.post("/login", dependencies=[CSRF])
+@router.post("/login", dependencies=[CSRF, limited("login")])
 async def login(request: Request, session: DB, settings: AppSettings, web: WebSess) -> Response:
     form = await request.form()
     values = {"username": str(form.get("username", ""))}
@@ -293,13 +294,22 @@ def account(request: Request, session: DB, user: RequiredPageUser, web: WebSess)
     return render(request, "account.html", context, user=user, web=web)
 
 
-@router.post("/account/tokens", dependencies=[CSRF])
+@router.post("/account/tokens", dependencies=[CSRF, limited("token-issue")])
 async def create_token(request: Request, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
     form = await request.form()
     value, _ = accounts.issue_token(session, user, str(form.get("name", "")).strip()[:100] or "token")
     context = {"tokens": accounts.user_tokens(session, user), "new_token": value}
     response = render(request, "account.html", context, user=user, web=web)
     response.headers["Cache-Control"] = "no-store"  # the token is shown once and must not be cached
+    return response
+
+
+@router.post("/account/sign-out-everywhere", dependencies=[CSRF])
+def sign_out_everywhere(session: DB, user: RequiredPageUser) -> Response:
+    """End every browser session of this account, this one included (API tokens stay: revoke them above)."""
+    accounts.end_all_sessions(session, user)
+    response = _see_other("/login")
+    response.delete_cookie(SESSION_COOKIE, path="/")
     return response
 
 
@@ -316,6 +326,7 @@ def device_page(request: Request, session: DB, user: RequiredPageUser, web: WebS
     grant = None
     errors: dict[str, str] = {}
     if user_code:
+        ratelimit.check(request, "device-entry")  # codes are short: guessing them must be slow
         try:
             grant = device.pending(session, user_code)
         except AppError as exc:
@@ -324,7 +335,7 @@ def device_page(request: Request, session: DB, user: RequiredPageUser, web: WebS
     return render(request, "device.html", context, user=user, web=web)
 
 
-@router.post("/device", dependencies=[CSRF])
+@router.post("/device", dependencies=[CSRF, limited("device-entry")])
 async def device_decide(request: Request, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
     form = await request.form()
     user_code = str(form.get("user_code", ""))[:16]

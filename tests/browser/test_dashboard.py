@@ -131,3 +131,46 @@ def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path
         worker.terminate()
         output = worker.communicate(timeout=60)[0].decode(errors="replace")
     assert "Traceback" not in output, output
+
+
+PAYLOAD = "<img src=x onerror=alert(1)>"
+
+
+def test_markup_in_names_and_text_never_runs(server, page):
+    """A hostile sign-up name, experiment title and description are shown as text wherever they appear, and no
+    script runs: templates escape them, and the Content-Security-Policy would block inline script anyway."""
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    violations: list[str] = []
+    page.on("console", lambda msg: violations.append(msg.text) if "Content Security Policy" in msg.text else None)
+    base = server.url
+
+    page.goto(f"{base}/signup")
+    page.fill("input[name=username]", PAYLOAD)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page.locator("#error-username")).to_be_visible()  # refused, with the name kept as typed
+    expect(page.locator("input[name=username]")).to_have_value(PAYLOAD)
+    assert page.locator("img[src=x]").count() == 0
+
+    page.fill("input[name=username]", "organizer")
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page.locator("header nav")).to_contain_text("organizer")
+    page.goto(f"{base}/experiments/new")
+    page.fill("input[name=title]", PAYLOAD)
+    page.fill("input[name=slug]", "hostile")
+    page.fill("textarea[name=description]", "<script>alert(2)</script>")
+    page.click("#experiment-form button[type=submit]")
+    expect(page).to_have_url(f"{base}/experiments/hostile")
+    page.click("button[value=start]")
+    for path in ("/experiments/hostile", "/", "/experiments/hostile/edit"):
+        page.goto(f"{base}{path}")
+        page.wait_for_load_state("networkidle")
+        assert page.locator("img[src=x]").count() == 0, path
+        assert page.locator("script:not([src])").count() == 0, path  # not one inline script on our pages
+    page.goto(f"{base}/experiments/hostile")
+    expect(page.locator("h1")).to_contain_text(PAYLOAD)  # shown as the text it is
+    expect(page.locator("#live-state")).to_have_text("live")  # our own scripts still run under the policy
+    assert dialogs == [], dialogs
+    assert violations == [], violations
