@@ -243,11 +243,6 @@ def update(session: Session, experiment: Experiment, data: ExperimentUpdate) -> 
     changes = data.model_dump(exclude_unset=True, mode="json")
     if experiment.status == ExperimentStatus.finished:
         raise Conflict("a finished experiment cannot be edited")
-    training_changes = [
-        name for name in TRAINING_FIELDS if name in changes and changes[name] != getattr(experiment, name)
-    ]
-    if training_changes and experiment.status == ExperimentStatus.running:
-        raise Conflict("pause the experiment before changing how it trains", field=training_changes[0])
     merged = {
         name: getattr(experiment, name)
         for name in ("title", "description", "join_policy", "allowlist", "aux_peer", *TRAINING_FIELDS)
@@ -256,6 +251,11 @@ def update(session: Session, experiment: Experiment, data: ExperimentUpdate) -> 
     if "task" in changes and "task_params" not in changes:
         merged["task_params"] = {}  # another task's parameters do not carry over
     valid = ExperimentFields.model_validate(merged)  # raises a ValidationError naming the field
+    # Compared once validated: a form sends "64" where the experiment holds 64, and that is no change.
+    new = valid.model_dump(mode="json")
+    training_changes = [name for name in TRAINING_FIELDS if new[name] != getattr(experiment, name)]
+    if training_changes and experiment.status == ExperimentStatus.running:
+        raise Conflict("pause the experiment before changing how it trains", field=training_changes[0])
     for name, value in valid.model_dump(mode="json").items():
         setattr(experiment, name, value)
     session.flush()

@@ -1,0 +1,125 @@
+"""Who may change what: every state-changing route against every role (anonymous, volunteer, organizer of
+another experiment, the experiment's organizer, an administrator). Only the right ones succeed; the others
+get 401 (anonymous, API) or a redirect to the log-in page (anonymous, pages), 403 otherwise, and change nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hivemind.utils.crypto import RSAPrivateKey
+from sqlalchemy import delete
+from starlette.testclient import TestClient
+
+from swarmhub.server import experiments
+from swarmhub.server.models import Experiment, ExperimentBan
+
+from .conftest import PASSWORD, api_token, csrf_from, make_experiment, make_user
+
+ROLES = ["anonymous", "volunteer", "other-organizer", "organizer", "admin"]
+MANAGERS = {"organizer", "admin"}
+SIGNED_IN = set(ROLES) - {"anonymous"}
+PEER_KEY = RSAPrivateKey().get_public_key().to_bytes().decode()
+USERS = {"admin": "root", "organizer": "olga", "other-organizer": "otto", "volunteer": "vera"}
+
+# (name, method, path, body, who may)
+API_ROUTES: list[tuple[str, str, str, dict[str, Any] | None, set[str]]] = [
+    ("create", "POST", "/api/experiments", {"slug": "new-one", "title": "New", "task": "digits"}, SIGNED_IN),
+    ("edit", "PATCH", "/api/experiments/target", {"title": "Taken over"}, MANAGERS),
+    ("pause", "POST", "/api/experiments/target/status", {"action": "pause"}, MANAGERS),
+    ("ban", "POST", "/api/experiments/target/bans", {"username": "vera"}, MANAGERS),
+    ("unban", "DELETE", "/api/experiments/target/bans/vera", None, MANAGERS),
+    ("swarm-token", "POST", "/api/experiments/target/swarm-token", {"peer_public_key": PEER_KEY}, SIGNED_IN),
+    ("probe-upload", "POST", "/api/probe/upload", None, SIGNED_IN),
+    ("revoke-own-token", "DELETE", "/api/auth/token", None, SIGNED_IN),
+]
+PAGE_ROUTES: list[tuple[str, str, dict[str, str], set[str]]] = [
+    ("edit", "/experiments/target/edit", {"title": "Taken over", "task": "digits"}, MANAGERS),
+    ("pause", "/experiments/target/status", {"action": "pause"}, MANAGERS),
+    ("ban", "/experiments/target/bans", {"username": "vera", "action": "ban"}, MANAGERS),
+    ("new-token", "/account/tokens", {"name": "mine"}, SIGNED_IN),
+]
+
+
+@pytest.fixture
+def world(client, db):
+    users = {role: make_user(db, name) for role, name in USERS.items()}  # root first: the administrator
+    make_experiment(db, users["organizer"], slug="target", status="running")
+    make_experiment(db, users["other-organizer"], slug="other-run", status="running")
+    return users
+
+
+def reset(db) -> None:
+    """The target as each case finds it: running, titled as made, no one removed, no extra experiment."""
+    with db.begin() as session:
+        target = session.query(Experiment).filter_by(slug="target").one()
+        target.status, target.title = "running", "Experiment target"
+        session.execute(delete(ExperimentBan))
+        session.query(Experiment).filter_by(slug="new-one").delete()
+
+
+def changed(db) -> bool:
+    with db() as session:
+        target = session.query(Experiment).filter_by(slug="target").one()
+        extra = session.query(Experiment).filter_by(slug="new-one").count()
+        bans = session.query(ExperimentBan).count()
+        return target.status != "running" or target.title != "Experiment target" or extra > 0 or bans > 0
+
+
+@pytest.mark.parametrize("route", API_ROUTES, ids=[r[0] for r in API_ROUTES])
+def test_api_route(route, client, db, world):
+    name, method, path, body, allowed = route
+    for role in ROLES:
+        reset(db)
+        headers = {} if role == "anonymous" else api_token(client, USERS[role])
+        if name == "unban":  # something to undo
+            with db.begin() as session:
+                target = session.query(Experiment).filter_by(slug="target").one()
+                experiments.ban(session, target, "vera")
+        kwargs: dict[str, Any] = {"headers": headers}
+        if body is not None:
+            kwargs["json"] = body
+        elif name == "probe-upload":
+            kwargs["content"] = b"x" * 1000
+        response = client.request(method, path, **kwargs)
+        if role in allowed:
+            assert response.status_code < 300, (name, role, response.status_code, response.text)
+        else:
+            assert response.status_code == (401 if role == "anonymous" else 403), (name, role, response.text)
+            if name == "unban":
+                with db() as session:
+                    assert session.query(ExperimentBan).count() == 1, (name, role)
+            else:
+                assert not changed(db), (name, role)
+
+
+def browser_for(app, role: str) -> TestClient:
+    browser = TestClient(app)
+    if role != "anonymous":
+        csrf = csrf_from(browser.get("/login").text)
+        browser.post("/login", data={"username": USERS[role], "password": PASSWORD, "csrf_token": csrf})
+    return browser
+
+
+@pytest.mark.parametrize("route", PAGE_ROUTES, ids=[r[0] for r in PAGE_ROUTES])
+def test_page_form(route, app, client, db, world):
+    name, path, form, allowed = route
+    with db() as session:  # the form posts the task's parameters as they are (no training change while running)
+        target = session.query(Experiment).filter_by(slug="target").one()
+        params = {f"param.digits.{key}": str(value) for key, value in target.task_params.items()}
+    if name == "edit":
+        form = {**form, **params}
+    for role in ROLES:
+        reset(db)
+        with browser_for(app, role) as browser:
+            csrf = csrf_from(browser.get("/login" if role == "anonymous" else "/account").text)
+            response = browser.post(path, data={**form, "csrf_token": csrf}, follow_redirects=False)
+        if role in allowed:
+            assert response.status_code in (200, 303), (name, role, response.status_code)
+            assert response.headers.get("location", "") != "/login", (name, role)
+        elif role == "anonymous":
+            assert response.status_code == 303 and response.headers["location"].startswith("/login"), (name, role)
+            assert not changed(db)
+        else:
+            assert response.status_code == 403, (name, role, response.status_code)
+            assert not changed(db), (name, role)
