@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 
 class AppError(Exception):
     status_code = 400
@@ -58,3 +60,26 @@ class Removed(Forbidden):
 
     def body(self) -> dict[str, Any]:
         return {**super().body(), "removed": True}
+
+
+class ErrorBody(BaseModel):
+    """Every JSON error but request validation (422) has this shape."""
+
+    detail: str
+    field: str | None = Field(default=None, description="The request field that is wrong, when one is")
+    removed: bool | None = Field(default=None, description="Set when the organizer removed this volunteer")
+
+
+def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the error codes a router's routes may answer with."""
+    text = {
+        400: "Bad request",
+        401: "Not signed in, or the token is not valid",
+        403: "Not allowed",
+        404: "Not found",
+        409: "Conflicts with the current state",
+        413: "Too large",
+        429: "Too many requests: see Retry-After",
+        503: "Unavailable for now: see Retry-After",
+    }
+    return {code: {"model": ErrorBody, "description": text[code]} for code in codes}

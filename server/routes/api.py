@@ -23,11 +23,11 @@ from swarmhub.worker.protocol import (
 
 from .. import accounts, device, experiments, metrics
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token
-from ..errors import Unavailable
+from ..errors import Unavailable, documented
 from ..ratelimit import limited
 from ..snapshots import base_url, metrics_public
 
-router = APIRouter(prefix="/api", tags=["api"])
+router = APIRouter(prefix="/api", tags=["api"], responses=documented(400, 401, 403, 404, 409, 429, 503))
 
 
 class DeviceCodeRequest(BaseModel):

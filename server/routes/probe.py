@@ -17,9 +17,9 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from ..deps import CurrentUser
-from ..errors import TooLarge
+from ..errors import TooLarge, documented
 
-router = APIRouter(prefix="/api/probe", tags=["probe"])
+router = APIRouter(prefix="/api/probe", tags=["probe"], responses=documented(401, 413, 429))
 
 MAX_PROBE_BYTES = 8 * 2**20
 DIAL_TIMEOUT = 3.0
@@ -61,7 +61,11 @@ def probe(request: Request, user: CurrentUser) -> ProbeInfo:
     return ProbeInfo(server_time=time.time(), client_host=_client_host(request))
 
 
-@router.get("/download")
+@router.get(
+    "/download",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "``size`` bytes"}},
+)
 def download(user: CurrentUser, size: Annotated[int, Query(ge=1, le=MAX_PROBE_BYTES)] = 2**21) -> Response:
     """``size`` bytes to time a download."""
     body = (_BLOCK * (size // len(_BLOCK) + 1))[:size]
