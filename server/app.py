@@ -89,7 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         enabled=settings.swarm_enabled,
         token_minutes=settings.swarm_token_minutes,
     )
-    live = LiveHub(settings.live_interval_seconds)
+    live = LiveHub(settings.live_interval_seconds, settings.redis_url, settings.redis_channel)
     wake = asyncio.Event()
 
     def running_run_ids() -> dict[str, tuple[str, list[str], dict[str, Any] | None]]:

@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     device_code_minutes: int = 10
     active_window_seconds: int = 30  # a worker that reported within this window counts as active
     live_interval_seconds: float = 1.0  # dashboards get at most one push per interval per experiment
+    redis_url: str = ""  # redis://host:6379/0: live dashboard updates fan out across server processes
+    redis_channel: str = "swarmhub:live"  # the pub/sub channel (one per deployment sharing a Redis)
     metrics_token: str = ""  # when set, GET /metrics (Prometheus) needs "Authorization: Bearer <it>"
 
     @model_validator(mode="after")

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 # Variables the compose file passes before the code reads them: each must say so in a YAML comment, and the
 # exemption must go (with the comment) once the code reads it.
-PLANNED = {"SWARMHUB_REDIS_URL": "Redis fan-out"}
+PLANNED: dict[str, str] = {}  # variables the compose file sets ahead of the code: name -> the comment's words
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
