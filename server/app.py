@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from importlib.resources import files
 from pathlib import Path
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import contributions, experiments, observability
+from . import contributions, experiments, leases, observability
 from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
@@ -92,16 +93,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     live = LiveHub(settings.live_interval_seconds, settings.redis_url, settings.redis_channel)
     wake = asyncio.Event()
 
-    def running_run_ids() -> dict[str, tuple[str, list[str], dict[str, Any] | None]]:
-        with app.state.sessionmaker() as session:
+    instance = uuid.uuid4().hex  # this process, as the holder of swarm leases
+
+    def leased_run_ids() -> dict[str, tuple[str, list[str], dict[str, Any] | None]]:
+        """The running experiments whose swarm this process hosts: it renews or takes their leases."""
+        with app.state.sessionmaker.begin() as session:
+            running = {experiments.run_id(e): e for e in experiments.running(session)}
+            held = {run_id for run_id in running if leases.acquire(session, run_id, instance)}
+            leases.release(session, [run_id for run_id in swarm.hosted() if run_id not in running], instance)
             return {
-                experiments.run_id(e): (
+                run_id: (
                     e.signing_key,
                     experiments.banned_usernames(session, e),
                     experiments.to_config(e).model_dump(mode="json") if e.aux_peer else None,
                 )
-                for e in experiments.running(session)
+                for run_id, e in running.items()
+                if run_id in held
             }
+
+    def publish_hosted() -> None:
+        """Tell the other processes (and joins anywhere) where this process's bootstrap peers listen."""
+        with app.state.sessionmaker.begin() as session:
+            for run_id in swarm.hosted():
+                maddrs = swarm.maddrs(run_id)
+                if maddrs:
+                    leases.publish(session, run_id, instance, maddrs, swarm.swarm_peers(run_id))
 
     def record_progress(run_id: str, event: dict[str, Any]) -> None:
         """The monitor peer read the swarm's signed progress records: add them to the ledger."""
@@ -119,12 +135,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             loop.call_soon_threadsafe(live.mark, slug)
 
     swarm.on_progress = record_progress
+    swarm.on_ready = lambda run_id: app.state.reconcile_soon()  # publish its addresses without waiting
 
     async def reconcile_forever() -> None:
         while True:
             try:
-                ids = await run_in_threadpool(running_run_ids)
-                await run_in_threadpool(swarm.reconcile, ids)
+                if swarm.enabled:
+                    ids = await run_in_threadpool(leased_run_ids)
+                    await run_in_threadpool(swarm.reconcile, ids)
+                    await run_in_threadpool(publish_hosted)
             except Exception:
                 logger.exception("swarm reconcile failed")
             with contextlib.suppress(asyncio.TimeoutError):
@@ -146,7 +165,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             for task in tasks:
                 task.cancel()
+            hosted = swarm.hosted()
             await run_in_threadpool(swarm.close)
+            with contextlib.suppress(Exception):  # hand the swarms over at once rather than at lease expiry
+
+                def release() -> None:
+                    with app.state.sessionmaker.begin() as session:
+                        leases.release(session, hosted, instance)
+
+                await run_in_threadpool(release)
             engine.dispose()
 
     app = FastAPI(title="swarmhub", version="0.1.0", lifespan=lifespan)
@@ -154,6 +181,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.swarm = swarm
+    app.state.instance = instance
     app.state.ratelimiter = RateLimiter()
     app.state.live = live
     app.state.reconcile_soon = lambda: None  # replaced once the event loop runs

@@ -271,10 +271,15 @@ def change_status(session: Session, experiment: Experiment, action: str) -> Expe
     return experiment
 
 
-def start_worker_run(session: Session, experiment: Experiment, user: User, device: str) -> WorkerRun:
+def check_joinable(session: Session, experiment: Experiment, user: User) -> None:
+    """Raise unless ``user`` may join ``experiment`` now (removed, not invited or listed, not running)."""
     _check_may_join(session, experiment, user)
     if experiment.status != ExperimentStatus.running:
         raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
+
+
+def start_worker_run(session: Session, experiment: Experiment, user: User, device: str) -> WorkerRun:
+    check_joinable(session, experiment, user)
     worker = WorkerRun(id=uuid.uuid4().hex, experiment_id=experiment.id, user_id=user.id, device=device)
     session.add(worker)
     session.flush()

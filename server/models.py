@@ -246,3 +246,15 @@ class PeerEpoch(Base):
     peer_id: Mapped[str] = mapped_column(String(64))
     epoch: Mapped[int] = mapped_column(BigInteger)
     samples: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class SwarmLease(Base):
+    """Which server process hosts an experiment's swarm peers: exactly one at a time, renewed while it lives."""
+
+    __tablename__ = "swarm_leases"
+
+    run_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    maddrs: Mapped[list[str]] = mapped_column(JSON, default=list)  # the bootstrap addresses, once it listens
+    peers: Mapped[int | None] = mapped_column(Integer, nullable=True)  # what its monitor saw last

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from sqlalchemy.orm import Session
 
-from . import experiments, metrics
+from . import experiments, leases, metrics
 from .models import Experiment
 from .settings import Settings
 
@@ -18,7 +18,8 @@ def base_url(request: Request, settings: Settings) -> str:
 
 def metrics_public(session: Session, experiment: Experiment, app: FastAPI) -> metrics.MetricsPublic:
     settings: Settings = app.state.settings
-    swarm_peers = app.state.swarm.swarm_peers(experiments.run_id(experiment))
+    lease = leases.current(session, experiments.run_id(experiment))  # whichever process hosts the swarm
+    swarm_peers = lease.peers if lease is not None else None
     return metrics.MetricsPublic(
         summary=metrics.summary(session, experiment, settings.active_window_seconds, swarm_peers),
         series=metrics.series(session, experiment),

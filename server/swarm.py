@@ -48,6 +48,7 @@ class SwarmHost:
         self._lock = threading.Lock()
         # Called (in the peer's reader thread) with each progress event: the verified-contribution ledger.
         self.on_progress: Callable[[str, dict[str, Any]], None] | None = None
+        self.on_ready: Callable[[str], None] | None = None  # a bootstrap peer listens now
 
     def _read(self, peer: Peer) -> None:
         assert peer.process.stdout is not None
@@ -60,6 +61,8 @@ class SwarmHost:
                 peer.maddrs = [str(m) for m in event.get("maddrs", [])]
                 peer.ready.set()
                 logger.info("swarm peer for %s listening on %s", peer.run_id, peer.maddrs)
+                if self.on_ready is not None:
+                    self.on_ready(peer.run_id)
             elif event.get("event") == "progress":
                 peer.progress = event
                 if self.on_progress is not None:
@@ -188,17 +191,19 @@ class SwarmHost:
             tmp.write_text(text)
             os.replace(tmp, path)  # the peer never reads half a list
 
-    def wait_ready(self, run_id: str, signing_key: str, timeout: float) -> list[str] | None:
-        if not self.enabled:
-            return None
-        peer = self.start(run_id, signing_key)
-        return peer.maddrs if peer.ready.wait(timeout) else None
-
     def swarm_peers(self, run_id: str) -> int | None:
         peer = self._peers.get(run_id)
         if peer is None or not peer.progress:
             return None
         return int(peer.progress.get("peers", 0))
+
+    def hosted(self) -> list[str]:
+        """The run_ids this process runs a bootstrap peer for."""
+        return list(self._peers)
+
+    def maddrs(self, run_id: str) -> list[str]:
+        peer = self._peers.get(run_id)
+        return list(peer.maddrs) if peer is not None and peer.ready.is_set() else []
 
     def peer_counts(self) -> dict[str, int]:
         """run_id -> peers its monitor saw in the swarm at its last read."""

@@ -21,7 +21,7 @@ from swarmhub.worker.protocol import (
     TokenResponse,
 )
 
-from .. import accounts, device, experiments, metrics
+from .. import accounts, device, experiments, leases, metrics
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token
 from ..errors import Unavailable, documented
 from ..ratelimit import limited
@@ -112,21 +112,37 @@ def change_status(
     return experiments.to_public(experiment)
 
 
+def _bootstrap_addresses(request: Request, run_id: str, timeout: float) -> list[str]:
+    request.app.state.reconcile_soon()
+    deadline = time.monotonic() + timeout
+    while True:
+        with request.app.state.sessionmaker() as session:
+            lease = leases.current(session, run_id)
+            if lease is not None and lease.maddrs:
+                return list(lease.maddrs)
+        if time.monotonic() >= deadline:
+            return []
+        time.sleep(0.2)
+
+
 @router.post("/experiments/{slug}/join", response_model=JoinResponse)
 def join(
     slug: str, body: JoinRequest, session: DB, user: CurrentUser, settings: AppSettings, request: Request
 ) -> JoinResponse:
     experiment = experiments.get_visible(session, slug, user)
-    worker = experiments.start_worker_run(session, experiment, user, body.device)
+    experiments.check_joinable(session, experiment, user)
+    if not settings.swarm_enabled:
+        raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
     run_id = experiments.run_id(experiment)
+    # Whichever server process holds the swarm's lease runs its bootstrap peer and publishes where it listens.
+    # Read-only until then: the process that takes the lease must be able to write it.
+    maddrs = _bootstrap_addresses(request, run_id, timeout=10)
+    if not maddrs:
+        raise Unavailable("the experiment's swarm is starting: try again shortly", headers={"Retry-After": "3"})
+    worker = experiments.start_worker_run(session, experiment, user, body.device)
     token = experiments.swarm_token(
         session, experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
     )
-    if not settings.swarm_enabled:
-        raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
-    maddrs = request.app.state.swarm.wait_ready(run_id, experiment.signing_key, timeout=10)
-    if not maddrs:
-        raise Unavailable("the experiment's swarm is starting: try again shortly", headers={"Retry-After": "3"})
     return JoinResponse(
         experiment=experiments.to_config(experiment),
         run_id=run_id,

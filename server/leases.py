@@ -1,0 +1,71 @@
+"""Exactly one server process hosts each running experiment's swarm peers: a lease row per run_id.
+
+Every process's reconcile loop (every RECONCILE seconds) renews the leases it holds and takes any that are
+free or expired; a process that dies stops renewing, and another takes its experiments over once the lease
+expires: within LEASE_SECONDS + one reconcile interval. The holder also writes its bootstrap addresses and
+the swarm's peer count into the row, so that any process can answer a join.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from .models import SwarmLease, utcnow
+
+LEASE_SECONDS = 15.0
+
+
+def acquire(session: Session, run_id: str, holder: str, now: datetime | None = None) -> bool:
+    """Take or renew the lease for ``run_id``; True when ``holder`` has it now (atomic on both databases)."""
+    now = now or utcnow()
+    expires = now + timedelta(seconds=LEASE_SECONDS)
+    renewed = session.execute(
+        update(SwarmLease)
+        .where(SwarmLease.run_id == run_id, SwarmLease.holder == holder)
+        .values(expires_at=expires)
+        .execution_options(synchronize_session=False)
+    )
+    if renewed.rowcount:  # type: ignore[attr-defined]
+        return True
+    taken = session.execute(  # an expired lease: its holder died; the old addresses go with it
+        update(SwarmLease)
+        .where(SwarmLease.run_id == run_id, SwarmLease.expires_at < now)
+        .values(holder=holder, expires_at=expires, maddrs=[], peers=None)
+        .execution_options(synchronize_session=False)
+    )
+    if taken.rowcount:  # type: ignore[attr-defined]
+        return True
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    created = session.execute(  # RETURNING, not rowcount: psycopg reports -1 for this INSERT
+        insert(SwarmLease)
+        .values(run_id=run_id, holder=holder, expires_at=expires, maddrs=[], peers=None)
+        .on_conflict_do_nothing(index_elements=["run_id"])
+        .returning(SwarmLease.run_id)
+    )
+    return created.scalar_one_or_none() is not None
+
+
+def publish(session: Session, run_id: str, holder: str, maddrs: list[str], peers: int | None) -> None:
+    session.execute(
+        update(SwarmLease)
+        .where(SwarmLease.run_id == run_id, SwarmLease.holder == holder)
+        .values(maddrs=maddrs, peers=peers)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def release(session: Session, run_ids: list[str], holder: str) -> None:
+    """Give leases up (the experiment stopped, or this process shuts down): another may take them at once."""
+    if run_ids:
+        session.execute(delete(SwarmLease).where(SwarmLease.run_id.in_(run_ids), SwarmLease.holder == holder))
+
+
+def current(session: Session, run_id: str, now: datetime | None = None) -> SwarmLease | None:
+    """The live lease of ``run_id``, if a process holds one."""
+    lease = session.scalar(select(SwarmLease).where(SwarmLease.run_id == run_id))
+    return lease if lease is not None and lease.expires_at >= (now or utcnow()) else None

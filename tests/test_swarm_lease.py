@@ -1,0 +1,105 @@
+"""Several server processes on one database: exactly one hosts an experiment's swarm peers at a time, and when
+that process dies (SIGKILL: no goodbye) another takes the swarm over within LEASE_SECONDS + a reconcile."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from swarmhub.server import leases
+from swarmhub.server.app import RECONCILE_SECONDS, create_app
+
+from .conftest import LiveServer, free_port, make_experiment, make_user
+
+pytestmark = pytest.mark.swarm
+
+
+def holder_of(db, run_id: str) -> tuple[str | None, list[str]]:
+    with db() as session:
+        lease = leases.current(session, run_id)
+        return (lease.holder, list(lease.maddrs)) if lease is not None else (None, [])
+
+
+def wait_until(condition, timeout: float) -> float:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, f"not within {timeout} s"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def test_one_replica_hosts_a_swarm_and_another_takes_over_when_it_dies(db, settings, tmp_path):
+    owner = make_user(db, "olga")
+    experiment = make_experiment(db, owner, slug="leased", status="running")
+    run_id = f"swarmhub-leased-{experiment.id}"
+    port = free_port()
+    env = {
+        **os.environ,
+        "SWARMHUB_DATABASE_URL": settings.database_url,
+        "SWARMHUB_DATA_DIR": str(tmp_path / "replica-a"),
+        "SWARMHUB_ENVIRONMENT": "test",
+    }
+    log = open(tmp_path / "replica-a.log", "wb")  # noqa: SIM115
+    replica_a = subprocess.Popen(
+        [sys.executable, "-m", "swarmhub.worker.cli", "server", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_until(lambda: bool(holder_of(db, run_id)[1]), timeout=60)  # A leads and its peer listens
+        a_holder, a_maddrs = holder_of(db, run_id)
+        b_settings = settings.model_copy(update={"swarm_enabled": True, "data_dir": tmp_path / "replica-b"})
+        app_b = create_app(b_settings)
+        with LiveServer(app_b):
+            time.sleep(RECONCILE_SECONDS + 1)  # B reconciles at least once while A holds the lease
+            assert app_b.state.swarm.hosted() == [], "two replicas host the same swarm"
+            assert holder_of(db, run_id)[0] == a_holder
+
+            os.kill(replica_a.pid, signal.SIGKILL)  # A dies without releasing anything
+            took = wait_until(
+                lambda: holder_of(db, run_id)[0] == app_b.state.instance and bool(holder_of(db, run_id)[1]),
+                timeout=leases.LEASE_SECONDS + 2 * RECONCILE_SECONDS + 15,
+            )
+            assert took <= leases.LEASE_SECONDS + RECONCILE_SECONDS + 10, took
+            assert app_b.state.swarm.hosted() == [run_id]
+            assert holder_of(db, run_id)[1] != a_maddrs  # volunteers now bootstrap from B's peer
+    finally:
+        if replica_a.poll() is None:
+            replica_a.kill()
+        replica_a.wait(30)
+        try:
+            os.killpg(replica_a.pid, signal.SIGKILL)  # A's swarm peer, if it outlived A
+        except ProcessLookupError:
+            pass
+        log.close()
+    # B shut down gracefully: it handed the lease back at once.
+    assert holder_of(db, run_id) == (None, [])
+
+
+def test_a_lease_is_held_by_one_process_until_it_expires(db):
+    from datetime import timedelta
+
+    from swarmhub.server.models import utcnow
+
+    now = utcnow()
+    with db.begin() as session:
+        assert leases.acquire(session, "run-1", "a", now)
+        assert not leases.acquire(session, "run-1", "b", now)  # taken, whatever the database's rowcount says
+        assert leases.acquire(session, "run-1", "a", now + timedelta(seconds=5))  # renewed
+        leases.publish(session, "run-1", "a", ["/ip4/127.0.0.1/tcp/1"], 3)
+    later = now + timedelta(seconds=5 + leases.LEASE_SECONDS + 1)
+    with db.begin() as session:
+        assert leases.acquire(session, "run-1", "b", later)  # expired: b takes it over
+        lease = leases.current(session, "run-1", later)
+        assert (lease.holder, lease.maddrs, lease.peers) == ("b", [], None)  # a's addresses went with it
+        leases.release(session, ["run-1"], "a")  # not a's any more: nothing happens
+        assert leases.current(session, "run-1", later) is not None
+        leases.release(session, ["run-1"], "b")
+        assert leases.current(session, "run-1", later) is None
