@@ -131,6 +131,9 @@ def join(
 ) -> JoinResponse:
     experiment = experiments.get_visible(session, slug, user)
     experiments.check_joinable(session, experiment, user)
+    token = experiments.swarm_token(  # also refuses a key that is not an RSA public key (400, field named)
+        session, experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
+    )
     if not settings.swarm_enabled:
         raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
     run_id = experiments.run_id(experiment)
@@ -140,9 +143,6 @@ def join(
     if not maddrs:
         raise Unavailable("the experiment's swarm is starting: try again shortly", headers={"Retry-After": "3"})
     worker = experiments.start_worker_run(session, experiment, user, body.device)
-    token = experiments.swarm_token(
-        session, experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
-    )
     return JoinResponse(
         experiment=experiments.to_config(experiment),
         run_id=run_id,
