@@ -44,6 +44,7 @@ from .credentials import (
 )
 from .protocol import SLUG_RE, JoinRequest, JoinResponse, SwarmToken
 from .settings import WorkerSettings
+from .spool import Spool, discard, leftovers
 
 if TYPE_CHECKING:
     from .reporter import Reporter
@@ -331,7 +332,9 @@ def join(
         + ("helping average (auxiliary peer)" if auxiliary else f"training {joined.experiment.task} on {torch_device}")
         + ". Ctrl-C to leave."
     )
-    reporter = Reporter.for_join(client.server_url, token, joined).start()
+    spool_dir = settings.spool_dir(client.server_url, joined.username, slug)
+    _send_leftovers(client.server_url, token, joined, spool_dir)
+    reporter = Reporter.for_join(client.server_url, token, joined, spool=Spool(spool_dir, joined.worker_id)).start()
     code = run_session(
         joined,
         device=str(torch_device),
@@ -398,6 +401,28 @@ def doctor(slug: str | None, device: str, listen: Sequence[str]) -> None:
     worst = checks.worst(findings)
     click.echo("Ready to join." if worst != checks.FAIL else "Fix what failed above, then run `swarmhub doctor` again.")
     raise click.exceptions.Exit(0 if worst != checks.FAIL else ExitCode.ERROR)
+
+
+def _send_leftovers(server_url: str, token: str, joined: JoinResponse, folder: Path) -> None:
+    """Reports an earlier session spooled and never got acknowledged (it crashed, or the server was away):
+    sent now, to the worker runs they belong to. The server stores each exactly once."""
+    from .reporter import Reporter
+
+    for worker_id in leftovers(folder):
+        spool = Spool(folder, worker_id)
+        count = len(spool.unacked())
+        if not count:
+            spool.close(done=True)
+            continue
+        earlier = joined.model_copy(update={"worker_id": worker_id})
+        reporter = Reporter.for_join(server_url, token, earlier, spool=spool).start()
+        if reporter.close(timeout=15.0):
+            click.echo(f"Sent {count} metric reports left from an earlier session.")
+        elif reporter.fatal is not None and reporter.fatal.exit_code in (ExitCode.AUTH, ExitCode.NOT_FOUND):
+            logger.warning("dropping %d spooled reports the server refuses: %s", count, reporter.fatal.message)
+            discard(folder, worker_id)
+        else:
+            logger.warning("%d reports of worker run %s are still unsent: kept for next time", count, worker_id)
 
 
 def run_session(

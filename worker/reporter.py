@@ -29,6 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
 from .client import ExitCode, WorkerError, report_url, token_rejected
 from .protocol import Ack, Control, ExperimentStatus, JoinResponse, MetricReport
+from .spool import Spool
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,15 @@ class Reporter:
     ``start()`` launches the thread; ``close(timeout)`` flushes what it can, then stops it.
     """
 
-    def __init__(self, url: str, token: str, *, max_buffer: int = DEFAULT_BUFFER, open_timeout: float = 10.0):
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        max_buffer: int = DEFAULT_BUFFER,
+        open_timeout: float = 10.0,
+        spool: Spool | None = None,
+    ):
         self.url = url
         self._headers = {"Authorization": f"Bearer {token}"}
         self._open_timeout = open_timeout
@@ -100,6 +109,9 @@ class Reporter:
         self._task: asyncio.Task[None] | None = None
         self._thread = threading.Thread(target=self._thread_main, name="swarmhub-reporter", daemon=True)
         self._started = threading.Event()
+        self._spool = spool
+        if spool is not None:  # what an earlier session of this worker run left unacknowledged goes first
+            self._buffer.extend(spool.unacked())
 
     @classmethod
     def for_join(cls, server_url: str, token: str, join: JoinResponse, **kwargs: Any) -> Reporter:
@@ -114,6 +126,8 @@ class Reporter:
 
     def report(self, msg: MetricReport) -> None:
         data = msg.model_dump_json()
+        if self._spool is not None:
+            self._spool.append(msg.seq, data)  # on disk before it is sent
         with self._lock:
             if len(self._buffer) == self._buffer.maxlen:
                 self._dropped += 1  # deque(maxlen) drops the oldest on append
@@ -166,6 +180,8 @@ class Reporter:
                 except RuntimeError:
                     pass
                 self._thread.join(2.0)
+        if self._spool is not None:
+            self._spool.close(done=self.pending == 0)
         return self.pending == 0
 
     def __enter__(self) -> Reporter:
@@ -285,6 +301,8 @@ class Reporter:
         with self._lock:
             while self._buffer and self._buffer[0][0] <= ack.seq:
                 self._buffer.popleft()
+        if self._spool is not None:
+            self._spool.ack(ack.seq)
         if self._wake is not None:
             self._wake.set()
 

@@ -49,3 +49,8 @@ class WorkerSettings(BaseSettings):
         """This machine's peer key for one user and experiment (see ``swarm_access``)."""
         host = urlsplit(server_url).netloc.replace(":", "_") or "server"
         return self.state_dir / "identities" / host / username / f"{slug}.key"
+
+    def spool_dir(self, server_url: str, username: str, slug: str) -> Path:
+        """Where this user's unacknowledged metric reports for one experiment wait (see ``spool``)."""
+        host = urlsplit(server_url).netloc.replace(":", "_") or "server"
+        return self.state_dir / "spool" / host / username / slug
