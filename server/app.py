@@ -92,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     live = LiveHub(settings.live_interval_seconds, settings.redis_url, settings.redis_channel)
     wake = asyncio.Event()
+    app: FastAPI  # made below; the closures here run once it exists
 
     instance = uuid.uuid4().hex  # this process, as the holder of swarm leases
 
