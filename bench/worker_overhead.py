@@ -1,0 +1,260 @@
+"""Worker overhead: the swarmhub worker's training loop, reporting on, against a bare PyTorch loop of the same
+model and data.
+
+What it measures (samples/s over a steady-state window after warm-up, one thread each):
+
+- swarmhub: what ``swarmhub join SLUG`` runs after login, against a real ``swarmhub server`` that this benchmark
+  starts on 127.0.0.1 (temp SQLite database, SWARMHUB_SWARM_ENABLED=true so the server runs the experiment's
+  bootstrap/monitor peer): the real join route, ``run_session`` (hivemind's logs to a file, signal handling, the
+  console progress line), ``train()`` with hivemind's Optimizer, DHT, averagers and p2pd in a swarm of one (the
+  worker alone, so it does the same compute as the bare loop: no averaging partner, no state download), the real
+  ``Reporter`` sending every report over the websocket (and keeping it in join's on-disk spool until the server
+  acknowledges it), the deny-list poll and token renewal. The window is whole
+  swarm epochs, so it holds each epoch's optimizer step and the pre-scheduled (then skipped) averaging round;
+- bare: ``for batch: loss.backward(); adam.step(); zero_grad()`` on the same digits model, batch and data, no
+  swarm, no reporting.
+
+ratio = swarmhub / bare, target >= 0.97. The ratio includes everything the worker adds (the hivemind optimizer in
+a swarm of one, its helper processes, the reporter, the progress line); the server and its peer run on this
+machine too (in production they run elsewhere). Rounds alternate the two variants (order flipped each round);
+the report gives the median and min..max over rounds.
+
+Command: ``.venv/bin/python bench/worker_overhead.py [--quick]`` (full: 3 rounds, about 4-5 minutes on a 2-core
+machine; --quick: one short round, under a minute). Exits 0 whether the target is met or not; nonzero only when
+the benchmark itself fails. Leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import _common as c
+import httpx
+
+PASSWORD = "bench-" + secrets.token_urlsafe(12)
+SWARMHUB_CLI = [sys.executable, "-m", "swarmhub.worker.cli"]
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    rounds: int
+    warmup: float  # seconds after the bare loop's first progress line
+    window: float
+    target_batch_size: int
+    matchmaking_time: float
+
+
+# target_batch_size: a swarm epoch of ~6 s alone (the experiment's default matchmaking_time is 3 s, and epochs
+# shorter than that make swarmhub's loop pause); the window then holds about 4 whole epochs.
+FULL = Mode("full", rounds=3, warmup=3.0, window=25.0, target_batch_size=98_304, matchmaking_time=3.0)
+QUICK = Mode("quick", rounds=1, warmup=1.0, window=8.0, target_batch_size=40_960, matchmaking_time=2.0)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """``swarmhub server`` in its own process, with an administrator who organizes the experiments."""
+
+    def __init__(self, h: c.Harness):
+        self.h = h
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = h.env(
+            SWARMHUB_DATA_DIR=str(h.tmp / "data"),
+            SWARMHUB_DATABASE_URL=f"sqlite:///{h.tmp / 'server.db'}",
+            SWARMHUB_SWARM_ENABLED="true",
+            SWARMHUB_SWARM_HOST="127.0.0.1",
+        )
+        made = subprocess.run(
+            [*SWARMHUB_CLI, "admin", "bench", "--password-stdin"],
+            input=PASSWORD + "\n",
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if made.returncode != 0:
+            raise c.BenchError(f"swarmhub admin failed: {made.stderr[-2000:]}")
+        argv = [*SWARMHUB_CLI, "server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+        self.proc = h.spawn("server", argv, env=self.env, stop_signal=signal.SIGTERM)
+        self._wait_healthy()
+        response = httpx.post(f"{self.url}/api/auth/token", json={"username": "bench", "password": PASSWORD})
+        response.raise_for_status()
+        self.token = response.json()["access_token"]
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+
+    def _wait_healthy(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.popen.poll() is not None:
+                raise c.BenchError(f"the server exited during start-up:\n{self.proc.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise c.BenchError("the server did not become healthy")
+
+    def start_experiment(self, mode: Mode) -> str:
+        slug = f"bench-{uuid.uuid4().hex[:8]}"
+        exp = c.experiment_config(target_batch_size=mode.target_batch_size, matchmaking_time=mode.matchmaking_time)
+        created = self.http.post("/api/experiments", json={"slug": slug, "title": "Benchmark digits", **exp})
+        if created.status_code != 201:
+            raise c.BenchError(f"could not create the experiment: {created.status_code} {created.text[:500]}")
+        started = self.http.post(f"/api/experiments/{slug}/status", json={"action": "start"})
+        if started.status_code != 200 or started.json().get("status") != "running":
+            raise c.BenchError(f"could not start the experiment: {started.status_code} {started.text[:500]}")
+        return slug
+
+    def finish(self, slug: str) -> None:
+        self.http.post(f"/api/experiments/{slug}/status", json={"action": "finish"})
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode) -> dict[str, Any]:
+    slug = server.start_experiment(mode)
+    state = h.tmp / f"r{r}-state"
+    state.mkdir()
+    config = {"url": server.url, "token": server.token, "slug": slug, "state_dir": str(state)}
+    worker = h.worker(f"r{r}-swarmhub", "server", config)
+    c.wait_progress([worker], 180)
+    t0 = c.wait_epochs([worker], 1, 120)  # the first epoch ends (startup and first-epoch estimates behind us)
+    cpu0 = c.cpu_seconds([worker, server.proc])
+    c.sleep_until(t0 + mode.window)
+    t1 = time.time()
+    cpu = c.cpu_share(cpu0, c.cpu_seconds([worker, server.proc]), t1 - t0)
+    codes = h.stop([worker])
+    server.finish(slug)
+    summary = next((e for e in worker.events if e.get("event") == "summary"), {})
+    if codes[0] not in (0, None):
+        raise c.BenchError(f"swarmhub round {r}: exit code {codes}\n{worker.log_tail()}")
+    measured = c.swarm_rate([worker], t0, t1)
+    reports = len(c.progress(worker.events))
+    return {
+        "swarmhub": measured[0],
+        "swarmhub_how": measured[1],
+        "swarmhub_cpu": cpu,
+        "reports": reports,
+        "unacked": summary.get("unacked", "?"),
+        "peers": max((e.get("peers", 0) for e in c.progress(worker.events)), default=0),
+    }
+
+
+def bare_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
+    exp = c.experiment_config(target_batch_size=mode.target_batch_size)
+    config = {
+        "hidden_size": exp["task_params"]["hidden_size"],
+        "batch_size": exp["task_params"]["batch_size"],
+        "learning_rate": exp["learning_rate"],
+        "data_seed": r,
+    }
+    worker = h.worker(f"r{r}-bare", "bare", config)
+    t0 = c.wait_progress([worker], 120) + mode.warmup
+    c.sleep_until(t0)
+    cpu0 = c.cpu_seconds([worker])
+    c.sleep_until(t0 + mode.window)
+    t1 = time.time()
+    cpu = c.cpu_share(cpu0, c.cpu_seconds([worker]), t1 - t0)
+    codes = h.stop([worker])
+    if codes != [0]:
+        raise c.BenchError(f"bare round {r}: exit code {codes}\n{worker.log_tail()}")
+    measured = c.swarm_rate([worker], t0, t1)
+    return {"bare": measured[0], "bare_how": measured[1], "bare_cpu": cpu}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of under a minute")
+    parser.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
+    args = parser.parse_args()
+    mode = QUICK if args.quick else FULL
+    rounds = args.rounds or mode.rounds
+    exp = c.experiment_config(target_batch_size=mode.target_batch_size, matchmaking_time=mode.matchmaking_time)
+    print(f"worker_overhead ({mode.name}): {c.machine_line()}")
+    params = exp["task_params"]
+    print(
+        f"workload: digits MLP hidden_size={params['hidden_size']}, batch {params['batch_size']}"
+        f"/step, adam lr {exp['learning_rate']}; swarmhub: target_batch_size {exp['target_batch_size']}, "
+        f"matchmaking_time {exp['matchmaking_time']} s, a swarm of one; one thread each; {rounds} round(s)"
+    )
+    started = time.monotonic()
+    load = c.MachineLoad()
+    results: list[dict[str, Any]] = []
+    with c.Harness("overhead") as h:
+        with c.phase("starting swarmhub server (temp SQLite, swarm enabled)"):
+            server = Server(h)
+        try:
+            for r in range(rounds):
+                row: dict[str, Any] = {}
+                order = ["bare", "swarmhub"] if r % 2 == 0 else ["swarmhub", "bare"]
+                for variant in order:
+                    with c.phase(f"round {r + 1}/{rounds}: {variant}"):
+                        if variant == "swarmhub":
+                            row.update(swarmhub_round(h, server, r, mode))
+                        else:
+                            row.update(bare_round(h, r, mode))
+                results.append(row)
+        finally:
+            server.close()
+        h.stop([server.proc], timeout=60)
+        cleanup = h.check_no_leftovers()
+    report(results, rounds, time.monotonic() - started)
+    print(cleanup)
+    print(load.line())
+    return 0
+
+
+def report(results: list[dict[str, Any]], rounds: int, elapsed: float) -> None:
+    bare = [r["bare"] for r in results]
+    swarmhub = [r["swarmhub"] for r in results]
+    ratios = [s / b for s, b in zip(swarmhub, bare, strict=True)]
+    print()
+    print(f"results ({rounds} round(s), {elapsed:.0f} s; samples/s; median and min..max over rounds):")
+    headers = ["variant", *[f"round {i + 1}" for i in range(rounds)], "median", "spread"]
+    rows = [
+        ["bare PyTorch loop", *bare, c.median(bare), c.spread(bare)],
+        ["swarmhub worker (swarm of one)", *swarmhub, c.median(swarmhub), c.spread(swarmhub)],
+        ["ratio swarmhub/bare", *ratios, c.median(ratios), c.spread(ratios)],
+    ]
+    print(c.table(headers, rows))
+    for i, r in enumerate(results):
+        print(
+            f"round {i + 1}: swarmhub window {r['swarmhub_how']}, {r['reports']} reports sent over the websocket "
+            f"({r['unacked']} not acknowledged, i.e. not stored, by the server at exit), most peers seen "
+            f"{r['peers']}; bare window {r['bare_how']}"
+        )
+        print(f"  cores used (main process + its child processes): swarmhub {r['swarmhub_cpu']} | bare {r['bare_cpu']}")
+    print(
+        "the swarmhub side adds: hivemind.Optimizer in a swarm of one (gradient accumulation every step, one "
+        "optimizer step and one skipped pre-scheduled averaging round per epoch, the progress tracker), its DHT, "
+        "averager and p2pd processes, swarmhub's loop (loss read-back every step, a report every 2 s and at each "
+        "epoch), the websocket Reporter and its on-disk spool, the deny-list poll, token renewal and the console "
+        "progress line; the ratio includes all of it"
+    )
+    med = c.median(ratios)
+    print(f"swarmhub/bare = {med:.3f} (target >= 0.97): {c.verdict(med >= 0.97)}")
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (c.BenchError, KeyboardInterrupt, httpx.HTTPError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
