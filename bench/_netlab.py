@@ -269,6 +269,8 @@ _STATUS = [
     ("group_assembled", re.compile(r"follower assembled group with leader (\S+)")),
     ("allreduce_finished", re.compile(r"group_size=(\d+)\) - finished$")),
     ("allreduce_failed", re.compile(r"group_size=(\d+)\) - (?:caught|cancelled)")),
+    ("allreduce_partial", re.compile(r"Averaging: received ([0-9.]+)% results")),  # some parts were not averaged
+    ("allreduce_partial", re.compile(r"Reducer: received ([0-9.]+)% of input tensors")),
     ("state_download", re.compile(r"Finished downloading state in ([0-9.]+)s")),
 ]
 _TRACED = (
@@ -277,6 +279,7 @@ _TRACED = (
     "hivemind.averaging.matchmaking",
     "hivemind.averaging.allreduce",
     "hivemind.averaging.averager",
+    "hivemind.averaging.partition",
 )
 
 
