@@ -91,7 +91,7 @@ def _seed_demo(database_url: str) -> tuple[str, list[str]]:
                 task="digits",
                 task_params={"hidden_size": 64, "batch_size": 64},
                 learning_rate=0.003,
-                target_batch_size=1024,
+                target_batch_size=8192,
                 matchmaking_time=2.0,
                 averaging_timeout=30.0,
             ),

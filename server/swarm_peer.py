@@ -8,8 +8,8 @@ It speaks JSON lines on stdout:
 
 - ``{"event": "ready", "maddrs": [...]}`` once the DHT is up: the addresses workers bootstrap from;
 - ``{"event": "progress", "epoch": E, "peers": N, "samples_per_second": S, "samples": A, "contributors": [...]}``
-  every ``--interval`` seconds, read from the peers' signed ``{run_id}_progress`` records; each contributor
-  is ``{peer_id, username, epoch, samples, samples_per_second, time, client_mode}``, attributed through
+  about every ``--interval`` seconds (jittered), read from the peers' signed ``{run_id}_progress`` records;
+  each contributor is ``{peer_id, username, epoch, samples, samples_per_second, time, client_mode}``, attributed through
   the access token of the key that signed the record (see ``read_progress``).
 
 It shuts down cleanly (no orphaned ``p2pd`` or averager processes) on SIGTERM, SIGINT, or when its
@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import os
+import random
 import signal
 import sys
 import threading
@@ -172,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                 _emit(read_progress(dht, args.run_id, signing_key.get_public_key()))
             except Exception as exc:  # the monitor keeps the bootstrap node alive whatever a read does
                 logging.warning("progress read failed: %r", exc)
-            stop.wait(args.interval)
+            # Jittered: a fixed period can lock in phase with the swarm's epochs (a swarm of one with short
+            # epochs pauses at the start of each, see training._loop) and then read every record at the
+            # same point of its epoch, for example always before the peer's first step of it.
+            stop.wait(args.interval * random.uniform(0.5, 1.5))
     finally:
         dht.shutdown()
     return 0

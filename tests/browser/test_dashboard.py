@@ -68,7 +68,7 @@ def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path
     page.fill("input[name=title]", "Browser digits")
     page.fill("input[name=slug]", "Bad Slug!")
     page.fill("input[name='param.digits.hidden_size']", "32")
-    page.fill("input[name=target_batch_size]", "128")
+    page.fill("input[name=target_batch_size]", "4096")
     page.fill("input[name=matchmaking_time]", "1")
     page.click("#experiment-form button[type=submit]")
     expect(page.locator("#error-slug")).to_contain_text("lowercase letters")
@@ -105,7 +105,7 @@ def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path
             "join",
             "browser-digits",
             "--max-steps",
-            "400",
+            "2000",
             "--listen",
             "/ip4/127.0.0.1/tcp/0",
         ],
@@ -130,6 +130,7 @@ def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path
     finally:
         worker.terminate()
         output = worker.communicate(timeout=60)[0].decode(errors="replace")
+        print(output)  # shown by pytest when the test fails
     assert "Traceback" not in output, output
 
 
