@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import torch
 from pydantic import ValidationError
 
-from . import swarm_access
+from . import load_balancing, swarm_access
 from .client import ExitCode, WorkerError
 from .protocol import Control, JoinResponse, MetricReport, OptimizerName, Overlap, SwarmToken, TrainingSettings
 from .tasks import Task, UnknownTask, get_task
@@ -300,6 +300,7 @@ def train(
             if on_joined is not None:
                 on_joined(str(dht.peer_id), maddrs)
             swarm_access.guard_averaging(access.experiment_key, join.run_id, deny_list)
+            load_balancing.install()  # every reachable peer gets a part of the vector to reduce
             with _sigint_handler_kept():
                 opt = hivemind.Optimizer(
                     dht=dht,
