@@ -1,20 +1,32 @@
 """Rate limits on what a guesser or a spammer would hammer: log-in, sign-up, device-code entry, token issue.
 
-A sliding window per action and client address, in this process's memory (with several server processes,
-each limits on its own: the limit a client sees is at most that many times higher).
+A sliding window per action and client address. Without Redis (``SWARMHUB_REDIS_URL`` empty) each process
+counts in its own memory (``RateLimiter``): with several server processes the limit a client sees is at most
+that many times higher. With Redis, every process counts in one sorted set per action and address
+(``RedisRateLimiter``), so replicas share one budget.
+
+Redis down fails open, on purpose: rate limiting must never take log-in down with it. While Redis does not
+answer, each process falls back to its own in-memory window (a warning is logged, and Redis is asked again
+every ``RETRY_SECONDS``), so a guesser still meets the per-process limit.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 import threading
 import time
+import uuid
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Depends, Request
 
 from .errors import TooManyRequests
+from .settings import Settings
+
+logger = logging.getLogger("swarmhub.ratelimit")
 
 # action -> (requests, per seconds)
 LIMITS = {
@@ -23,6 +35,12 @@ LIMITS = {
     "device-entry": (20, 60.0),
     "token-issue": (30, 600.0),
 }
+RETRY_SECONDS = 5.0  # how long a process counts alone after Redis failed to answer
+REDIS_TIMEOUT = 0.5  # seconds: a stalled Redis must not stall every log-in for long
+
+
+class Limiter(Protocol):
+    def hit(self, action: str, key: str) -> float | None: ...
 
 
 class RateLimiter:
@@ -51,9 +69,76 @@ class RateLimiter:
             return None
 
 
+# KEYS[1]: the window's sorted set; ARGV: limit, window (ms), a unique member. Returns -1 when the hit is
+# counted, else the milliseconds until the oldest hit leaves the window. One script, so concurrent hits from
+# several processes cannot both see room for one more; Redis's own clock, so the replicas' clocks need not agree.
+_SLIDING_WINDOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) >= limit then
+  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return math.max(1, tonumber(oldest[2]) + window - now)
+end
+redis.call('ZADD', KEYS[1], now, ARGV[3])
+redis.call('PEXPIRE', KEYS[1], window)
+return -1
+"""
+
+
+class RedisRateLimiter:
+    """The same sliding windows, kept in Redis under ``prefix`` so that every server process shares them.
+
+    Each key holds at most ``limit`` entries and expires one window after its last counted hit. The client
+    address is hashed into the key: nothing a client sends appears in Redis's key space as it is.
+    """
+
+    def __init__(self, url: str, prefix: str, limits: dict[str, tuple[int, float]] | None = None):
+        import redis
+
+        self.limits = dict(limits or LIMITS)
+        self.prefix = prefix
+        self.fallback = RateLimiter(self.limits)
+        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._client = redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT)
+        self._script: Any = self._client.register_script(_SLIDING_WINDOW)
+        self._alone_until = 0.0
+
+    def key(self, action: str, key: str) -> str:
+        digest = hashlib.sha256(f"{action}\0{key}".encode()).hexdigest()[:32]
+        return f"{self.prefix}:{action}:{digest}"
+
+    def hit(self, action: str, key: str) -> float | None:
+        """Count one request; returns the seconds to wait when it is over the limit (and then not counted)."""
+        limit, window = self.limits[action]
+        if time.monotonic() < self._alone_until:
+            return self.fallback.hit(action, key)
+        try:
+            args = [limit, int(window * 1000), uuid.uuid4().hex]
+            wait_ms = int(self._script(keys=[self.key(action, key)], args=args))
+        except self._errors as exc:
+            self._alone_until = time.monotonic() + RETRY_SECONDS
+            logger.warning(
+                "rate limits: Redis did not answer (%r); counting in this process alone for %.0f s", exc, RETRY_SECONDS
+            )
+            return self.fallback.hit(action, key)
+        return None if wait_ms < 0 else wait_ms / 1000
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def make_limiter(settings: Settings) -> Limiter:
+    """Shared through Redis when the deployment has one, else this process's own."""
+    if settings.redis_url:
+        return RedisRateLimiter(settings.redis_url, f"{settings.redis_channel}:ratelimit")
+    return RateLimiter()
+
+
 def check(request: Request, action: str) -> None:
     """Count one ``action`` from this client's address; raises 429 (with Retry-After) over the limit."""
-    limiter: RateLimiter = request.app.state.ratelimiter
+    limiter: Limiter = request.app.state.ratelimiter
     wait = limiter.hit(action, request.client.host if request.client else "unknown")
     if wait is not None:
         seconds = max(1, math.ceil(wait))
