@@ -26,7 +26,7 @@ from .deps import LoginRequired
 from .errors import AppError
 from .live import LiveHub
 from .models import utcnow
-from .ratelimit import RateLimiter
+from .ratelimit import make_limiter
 from .routes import api, pages, probe, ws
 from .settings import Settings
 from .swarm import SwarmHost
@@ -89,6 +89,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings.swarm_host,
         enabled=settings.swarm_enabled,
         token_minutes=settings.swarm_token_minutes,
+        ports=settings.swarm_port_range,
+        announce_host=settings.swarm_announce_host,
     )
     live = LiveHub(settings.live_interval_seconds, settings.redis_url, settings.redis_channel)
     wake = asyncio.Event()
@@ -183,7 +185,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.swarm = swarm
     app.state.instance = instance
-    app.state.ratelimiter = RateLimiter()
+    app.state.ratelimiter = make_limiter(settings)
     app.state.live = live
     app.state.reconcile_soon = lambda: None  # replaced once the event loop runs
     app.state.loop = None

@@ -2,7 +2,7 @@
 
 Run as its own process by ``SwarmHost`` (hivemind objects must never cross a ``spawn``):
 
-    python -m swarmhub.server.aux_peer --config FILE --signing-key-file FILE --identity FILE --host HOST
+    python -m swarmhub.server.aux_peer --config FILE --signing-key-file FILE --identity FILE --host HOST [--port 0]
 
 It joins the experiment's swarm like a volunteer started with ``swarmhub join --aux``: it computes no
 gradients and lends the server's link to every averaging round. Its swarm token is one it signs itself, as
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--signing-key-file", required=True)
     parser.add_argument("--identity", required=True)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-minutes", type=float, default=60.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=watch_parent, daemon=True).start()
 
+    from swarmhub.server.settings import tcp_maddr
     from swarmhub.worker import swarm_access
     from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
     from swarmhub.worker.training import train
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = train(
         join,
         device="cpu",
-        listen_maddrs=[f"/ip4/{args.host}/tcp/0"],
+        listen_maddrs=[tcp_maddr(args.host, args.port)],
         auxiliary=True,
         identity_path=identity,
         fetch_token=mint,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 from typing import Literal
 
 from platformdirs import user_data_dir
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -19,15 +21,45 @@ class Settings(BaseSettings):
     public_url: str = ""  # how browsers and workers reach us; empty: taken from each request
     swarm_enabled: bool = True  # run a bootstrap + monitor peer per running experiment
     swarm_host: str = "127.0.0.1"  # interface the swarm peers listen on (0.0.0.0 to accept the internet)
+    swarm_ports: str = ""  # "40000-40099": TCP ports the swarm peers take (open them in the firewall); empty: random
+    swarm_announce_host: str = ""  # public IP or DNS name workers dial (behind NAT/docker); empty: what peers listen on
     swarm_token_minutes: float = Field(default=60.0, gt=0, le=60)  # swarm access tokens live at most an hour
     cookie_secure: bool = False  # set in production behind HTTPS
     session_days: int = 14
     device_code_minutes: int = 10
     active_window_seconds: int = 30  # a worker that reported within this window counts as active
     live_interval_seconds: float = 1.0  # dashboards get at most one push per interval per experiment
-    redis_url: str = ""  # redis://host:6379/0: live dashboard updates fan out across server processes
-    redis_channel: str = "swarmhub:live"  # the pub/sub channel (one per deployment sharing a Redis)
+    redis_url: str = ""  # redis://host:6379/0: live updates fan out and rate limits are shared across processes
+    redis_channel: str = "swarmhub:live"  # pub/sub channel, rate-limit key prefix: one per deployment sharing a Redis
     metrics_token: str = ""  # when set, GET /metrics (Prometheus) needs "Authorization: Bearer <it>"
+
+    @field_validator("swarm_host")
+    @classmethod
+    def _listen_host(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(
+                f"SWARMHUB_SWARM_HOST={value!r} is not an IP address: the interface the swarm peers listen on, "
+                "such as 127.0.0.1 or 0.0.0.0"
+            ) from None
+        return value
+
+    @field_validator("swarm_ports")
+    @classmethod
+    def _ports(cls, value: str) -> str:
+        port_range(value)
+        return value
+
+    @field_validator("swarm_announce_host")
+    @classmethod
+    def _announce_host(cls, value: str) -> str:
+        if value and not _is_public_host(value):
+            raise ValueError(
+                f"SWARMHUB_SWARM_ANNOUNCE_HOST={value!r} is not an IP address or a DNS name: the address workers "
+                "dial the swarm peers at, such as 203.0.113.7 or hub.example.org (no scheme, no port)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _defaults(self) -> Settings:
@@ -35,4 +67,52 @@ class Settings(BaseSettings):
             self.database_url = f"sqlite:///{self.data_dir / 'swarmhub.db'}"
         if self.environment == "production" and not self.cookie_secure:
             raise ValueError("production needs SWARMHUB_COOKIE_SECURE=true (serve it over HTTPS)")
+        if self.swarm_announce_host and not self.swarm_ports:
+            # hivemind cannot announce a port it does not know in advance, and a NAT must forward known ports
+            raise ValueError("SWARMHUB_SWARM_ANNOUNCE_HOST needs SWARMHUB_SWARM_PORTS (the ports forwarded to us)")
         return self
+
+    @property
+    def swarm_port_range(self) -> range | None:
+        """The ports the swarm peers take, or None for random ones."""
+        return port_range(self.swarm_ports)
+
+
+_DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def _is_public_host(host: str) -> bool:
+    try:
+        return not ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        pass
+    labels = host.removesuffix(".").split(".")
+    return (
+        len(host) <= 253
+        and all(_DNS_LABEL.fullmatch(label) for label in labels)
+        and not labels[-1].isdigit()  # 300.1.2.3 is a broken IP address, not a name
+    )
+
+
+def port_range(text: str) -> range | None:
+    """``"40000-40099"`` (or one port, ``"40000"``) as a range; None when empty. ValueError when malformed."""
+    text = text.strip()
+    if not text:
+        return None
+    match = re.fullmatch(r"(\d{1,5})\s*(?:-\s*(\d{1,5}))?", text)
+    low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, -1)
+    if not match or not 1 <= low <= high <= 65535:
+        raise ValueError(
+            f"SWARMHUB_SWARM_PORTS={text!r} is not a port range: FIRST-LAST with 1 <= FIRST <= LAST <= 65535, "
+            "such as 40000-40099 (empty: random ports)"
+        )
+    return range(low, high + 1)
+
+
+def tcp_maddr(host: str, port: int) -> str:
+    """The multiaddr of TCP ``port`` at ``host`` (an IPv4 or IPv6 address, or a DNS name)."""
+    try:
+        version = ipaddress.ip_address(host).version
+    except ValueError:
+        return f"/dns/{host.removesuffix('.')}/tcp/{port}"
+    return f"/ip{version}/{host}/tcp/{port}"

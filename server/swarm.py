@@ -4,15 +4,21 @@ The peer (``swarm_peer.py``) is the swarm's bootstrap node and monitor. The host
 peer processes equal to the set of running experiments (``reconcile``), restarts a peer that died,
 and stops them all at shutdown. Peers keep their identity in ``data_dir/peers`` so that their
 peer ID survives a server restart.
+
+Behind a firewall or NAT the operator gives a port range (``SWARMHUB_SWARM_PORTS``): each peer takes a
+free port from it, and announces ``SWARMHUB_SWARM_ANNOUNCE_HOST`` (the public address) with that port
+instead of the addresses it listens on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .contributions import MONITOR_SECONDS
+from .settings import tcp_maddr
 
 logger = logging.getLogger("swarmhub.swarm")
 
@@ -35,16 +42,29 @@ class Peer:
     maddrs: list[str] = field(default_factory=list)
     progress: dict[str, Any] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
+    port: int = 0  # 0: a random one
 
 
 class SwarmHost:
-    def __init__(self, data_dir: Path, host: str, enabled: bool = True, token_minutes: float = 60.0):
+    def __init__(
+        self,
+        data_dir: Path,
+        host: str,
+        enabled: bool = True,
+        token_minutes: float = 60.0,
+        ports: range | None = None,
+        announce_host: str = "",
+    ):
         self.data_dir = data_dir
         self.host = host
         self.enabled = enabled
         self.token_minutes = token_minutes
+        self.ports = ports  # None: random ports
+        self.announce_host = announce_host if ports is not None else ""  # hivemind announces known ports only
         self._peers: dict[str, Peer] = {}
         self._aux: dict[str, subprocess.Popen[str]] = {}  # run_id -> the server's auxiliary peer, when asked for
+        self._aux_ports: dict[str, int] = {}
+        self._short_of_ports: set[str] = set()  # run_ids whose peer found no free port (logged once)
         self._lock = threading.Lock()
         # Called (in the peer's reader thread) with each progress event: the verified-contribution ledger.
         self.on_progress: Callable[[str, dict[str, Any]], None] | None = None
@@ -71,11 +91,37 @@ class SwarmHost:
                     except Exception:
                         logger.exception("could not record the swarm's progress for %s", peer.run_id)
 
-    def start(self, run_id: str, signing_key: str) -> Peer:
+    def _take_port(self, run_id: str, what: str) -> int | None:
+        """A free port of the range (call with the lock held); 0 without a range; None when all are taken."""
+        if self.ports is None:
+            return 0
+        ours = {p.port for p in self._peers.values() if p.process.poll() is None}
+        ours |= {self._aux_ports.get(r, 0) for r, process in self._aux.items() if process.poll() is None}
+        for port in self.ports:
+            if port not in ours and _can_listen(self.host, port):
+                self._short_of_ports.discard(run_id)
+                return port
+        if run_id not in self._short_of_ports:
+            self._short_of_ports.add(run_id)
+            logger.error(
+                "no free port left in SWARMHUB_SWARM_PORTS=%s-%s for the %s of %s: widen the range (and open it "
+                "in the firewall) or stop other experiments; trying again at each reconcile",
+                self.ports.start,
+                self.ports.stop - 1,
+                what,
+                run_id,
+            )
+        return None
+
+    def start(self, run_id: str, signing_key: str) -> Peer | None:
+        """Run the experiment's bootstrap + monitor peer unless it runs; None when no port is free."""
         with self._lock:
             peer = self._peers.get(run_id)
             if peer is not None and peer.process.poll() is None:
                 return peer
+            port = self._take_port(run_id, "swarm peer")
+            if port is None:
+                return None
             folder = self.data_dir / "peers"
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             identity = folder / f"{run_id}.key"
@@ -92,6 +138,8 @@ class SwarmHost:
                 run_id,
                 "--host",
                 self.host,
+                "--port",
+                str(port),
                 "--identity",
                 str(identity),
                 "--signing-key-file",
@@ -101,12 +149,14 @@ class SwarmHost:
                 "--interval",
                 str(MONITOR_SECONDS),
             ]
+            if self.announce_host:
+                cmd += ["--announce-host", self.announce_host]
             # stdin stays open: the peer exits by itself when this process (and so the pipe) goes away.
             # Own session: a stuck peer and the processes hivemind forked for it can be killed as one group.
             process = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
             )
-            peer = Peer(run_id=run_id, process=process)
+            peer = Peer(run_id=run_id, process=process, port=port)
             self._peers[run_id] = peer
             threading.Thread(target=self._read, args=(peer,), daemon=True, name=f"peer-{run_id}").start()
             logger.info("started swarm peer for %s (pid %s)", run_id, process.pid)
@@ -119,9 +169,13 @@ class SwarmHost:
             peer = self._peers.get(run_id)
             if (running is not None and running.poll() is None) or peer is None or not peer.ready.is_set():
                 return
+            port = self._take_port(run_id, "auxiliary peer")
+            if port is None:
+                return
             folder = self.data_dir / "peers"
             config = folder / f"{run_id}.aux.json"
-            config.write_text(json.dumps({"run_id": run_id, "experiment": experiment, "initial_peers": peer.maddrs}))
+            initial_peers = self._local_maddrs(peer) if self.announce_host else peer.maddrs
+            config.write_text(json.dumps({"run_id": run_id, "experiment": experiment, "initial_peers": initial_peers}))
             cmd = [
                 sys.executable,
                 "-m",
@@ -134,6 +188,8 @@ class SwarmHost:
                 str(folder / f"{run_id}.aux.key"),
                 "--host",
                 self.host,
+                "--port",
+                str(port),
                 "--token-minutes",
                 str(self.token_minutes),
             ]
@@ -142,11 +198,22 @@ class SwarmHost:
                 cmd, stdin=subprocess.PIPE, stdout=log, stderr=log, text=True, start_new_session=True
             )
             log.close()
+            self._aux_ports[run_id] = port
             logger.info("started the auxiliary peer for %s (pid %s)", run_id, self._aux[run_id].pid)
+
+    def _local_maddrs(self, peer: Peer) -> list[str]:
+        """Where a process on this machine reaches ``peer``: its announced (public) address may not loop back
+        through the NAT, its listening address does."""
+        host = self.host
+        if ipaddress.ip_address(host).is_unspecified:
+            host = "::1" if ipaddress.ip_address(host).version == 6 else "127.0.0.1"
+        peer_ids = {m.rsplit("/p2p/", 1)[1] for m in peer.maddrs if "/p2p/" in m}
+        return [f"{tcp_maddr(host, peer.port)}/p2p/{peer_id}" for peer_id in sorted(peer_ids)] or peer.maddrs
 
     def stop_aux(self, run_id: str, timeout: float = 30.0) -> None:
         with self._lock:
             process = self._aux.pop(run_id, None)
+            self._aux_ports.pop(run_id, None)
         if process is not None:
             _terminate(process, timeout)
             logger.info("stopped the auxiliary peer for %s", run_id)
@@ -216,6 +283,18 @@ class SwarmHost:
             self.stop_aux(run_id)
         for run_id in list(self._peers):
             self.stop(run_id)
+
+
+def _can_listen(host: str, port: int) -> bool:
+    """Whether nothing listens on ``host``:``port`` now (with SO_REUSEADDR, as p2pd binds its listener)."""
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _terminate(process: subprocess.Popen[str], timeout: float) -> None:

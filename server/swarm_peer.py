@@ -2,7 +2,8 @@
 
 Run as its own process (hivemind objects must never cross a ``spawn``):
 
-    python -m swarmhub.server.swarm_peer --run-id RUN --host 127.0.0.1 [--port 0] [--identity PATH]
+    python -m swarmhub.server.swarm_peer --run-id RUN --host 127.0.0.1 [--port 0] [--announce-host HOST]
+        [--identity PATH]
 
 It speaks JSON lines on stdout:
 
@@ -97,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--announce-host", default="", help="public address to announce (behind NAT) with --port; empty: --host"
+    )
     parser.add_argument("--identity", default=None, help="key file that keeps the peer ID stable")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between reads of the progress records")
     parser.add_argument("--signing-key-file", required=True, help="the experiment's token signing key")
@@ -154,8 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         refresh_margin=min(swarm_access.REFRESH_MARGIN, lifetime / 4),
         denied=swarm_access.DenyList(denied),
     )
+    from swarmhub.server.settings import tcp_maddr
+
     dht = hivemind.DHT(
-        host_maddrs=[f"/ip4/{args.host}/tcp/{args.port}"],
+        host_maddrs=[tcp_maddr(args.host, args.port)],
+        # Behind NAT the addresses the peer listens on reach no one outside: workers get the public one.
+        announce_maddrs=[tcp_maddr(args.announce_host, args.port)] if args.announce_host else None,
         start=True,
         identity_path=str(identity),
         authorizer=authorizer,
