@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--identity", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--announce-host", default="", help="public address to announce (behind NAT) with --port")
     parser.add_argument("--token-minutes", type=float, default=60.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         join,
         device="cpu",
         listen_maddrs=[tcp_maddr(args.host, args.port)],
+        announce_maddrs=[tcp_maddr(args.announce_host, args.port)] if args.announce_host else None,
         auxiliary=True,
         identity_path=identity,
         fetch_token=mint,

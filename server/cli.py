@@ -14,9 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 import httpx
+from pydantic import ValidationError
 
 from . import accounts, experiments
 from .db import make_engine, make_sessionmaker, migrate
@@ -25,12 +27,26 @@ from .models import User
 from .settings import Settings
 
 
+def load_settings(**overrides: Any) -> Settings:
+    """The server's settings from the environment, or one line per bad setting and exit status 2."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"])
+            name = f"SWARMHUB_{where.upper()}" if where else "settings"
+            message = error["msg"].removeprefix("Value error, ")
+            lines.append(message if message.startswith(name) else f"{name}: {message}")
+        raise click.UsageError("invalid settings:\n  " + "\n  ".join(lines)) from None
+
+
 def run_server(host: str, port: int, database_url: str | None, log_level: str = "info") -> None:
     import uvicorn
 
     from .app import create_app
 
-    settings = Settings(database_url=database_url) if database_url else Settings()
+    settings = load_settings(database_url=database_url)
     click.echo(f"swarmhub on http://{host}:{port} (database: {_redact(settings.database_url)})")
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, ws_max_size=64 * 1024)
 
@@ -45,7 +61,7 @@ def _redact(url: str) -> str:
 
 def run_admin(username: str, password_stdin: bool) -> None:
     """Create an administrator, or make an existing user one (optionally setting a new password)."""
-    settings = Settings()
+    settings = load_settings()
     engine = make_engine(settings.database_url)
     migrate(engine)
     if password_stdin:

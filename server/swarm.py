@@ -193,6 +193,8 @@ class SwarmHost:
                 "--token-minutes",
                 str(self.token_minutes),
             ]
+            if self.announce_host:
+                cmd += ["--announce-host", self.announce_host]
             log = open(folder / f"{run_id}.aux.log", "a")  # noqa: SIM115 - the child owns it from here
             self._aux[run_id] = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=log, stderr=log, text=True, start_new_session=True

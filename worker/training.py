@@ -216,6 +216,7 @@ def train(
     *,
     device: str | torch.device = "auto",
     listen_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
+    announce_maddrs: Sequence[str] | None = None,
     client_mode: bool = False,
     auxiliary: bool = False,
     bandwidth: float | None = None,
@@ -280,6 +281,8 @@ def train(
                 dht = hivemind.DHT(
                     initial_peers=list(join.initial_peers),
                     host_maddrs=list(listen_maddrs),
+                    # what other peers dial, when it differs from where this peer listens (NAT, port forwarding)
+                    announce_maddrs=list(announce_maddrs) if announce_maddrs else None,
                     client_mode=client_mode,  # a peer others cannot dial: it only makes outgoing connections
                     identity_path=str(identity_path),
                     authorizer=access.authorizer,
