@@ -18,15 +18,18 @@ samples a peer adds in the moment between the monitor's last read and the epoch'
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from .models import Experiment, PeerEpoch, SwarmPeer, User
+from .models import Experiment, ExperimentTotal, PeerEpoch, SwarmPeer, User, VolunteerTotal
 
 logger = logging.getLogger("swarmhub.contributions")
 
@@ -64,13 +67,23 @@ def parse(contributors: Any) -> list[Contribution]:
 
 
 def record(session: Session, experiment: Experiment, contributors: list[Contribution], now: datetime) -> None:
-    """Add one read of the swarm's progress records to the ledger."""
+    """Add one read of the swarm's progress records to the ledger, and to the running totals beside it
+    (``VolunteerTotal``, ``ExperimentTotal``) in the same transaction."""
     names = {c.username for c in contributors}
     users = dict(session.execute(select(User.username, User.id).where(User.username.in_(names))).tuples().all())
-    for c in contributors:
-        user_id = users.get(c.username)
-        if user_id is None:  # a token for an account that no longer exists
-            continue
+    credited = [(c, users[c.username]) for c in contributors if c.username in users]
+    if not credited:  # only tokens for accounts that no longer exist
+        return
+    totals = experiment_totals(session, experiment.id)  # locked: ingests and reads of the ledger take turns
+    open_epoch = max(c.epoch for c, _ in credited)
+    if totals.max_epoch is not None and totals.max_epoch >= open_epoch:
+        open_epoch = totals.max_epoch
+    elif totals.max_epoch is not None:
+        _close_open_epoch(session, experiment.id, totals)
+    totals.max_epoch = open_epoch
+    changes: dict[int, _Change] = defaultdict(_Change)
+    moved: set[int] = set()  # users whose peer was credited to someone else before
+    for c, user_id in credited:
         fresh = now.timestamp() - c.time <= PRESENCE_GAP  # the record was written recently: the peer is there
         peer = session.scalar(
             select(SwarmPeer).where(SwarmPeer.experiment_id == experiment.id, SwarmPeer.peer_id == c.peer_id)
@@ -87,14 +100,19 @@ def record(session: Session, experiment: Experiment, contributors: list[Contribu
                 peak_samples_per_second=c.samples_per_second,
             )
             session.add(peer)
+            changes[user_id].saw(peer.last_seen, peer.peak_samples_per_second)
         elif c.time > peer.record_time and fresh:
+            if peer.user_id != user_id:
+                moved |= {peer.user_id, user_id}
             gap = (now - peer.last_seen).total_seconds()
             if 0 < gap <= PRESENCE_GAP:
                 peer.online_seconds += gap
+                changes[user_id].online_seconds += gap
             peer.last_seen = now
             peer.record_time = c.time
             peer.user_id = user_id
             peer.peak_samples_per_second = max(peer.peak_samples_per_second, c.samples_per_second)
+            changes[user_id].saw(now, peer.peak_samples_per_second)
         samples = min(c.samples, EPOCH_CAP * experiment.target_batch_size)
         row = session.scalar(
             select(PeerEpoch).where(
@@ -102,14 +120,142 @@ def record(session: Session, experiment: Experiment, contributors: list[Contribu
             )
         )
         if row is None:
-            session.add(
-                PeerEpoch(
-                    experiment_id=experiment.id, user_id=user_id, peer_id=c.peer_id, epoch=c.epoch, samples=samples
-                )
+            row = PeerEpoch(
+                experiment_id=experiment.id, user_id=user_id, peer_id=c.peer_id, epoch=c.epoch, samples=samples
             )
-        elif samples > row.samples:
-            row.samples = samples
+            session.add(row)
+            changes[user_id].epochs += 1
+            added = samples
+        else:
+            added = max(0, samples - row.samples)
+            row.samples += added
+        # A late, larger read of a closed epoch adds to verified; the open epoch's samples are pending.
+        change = changes[row.user_id]
+        if row.epoch < open_epoch:
+            change.verified += added
+        else:
+            change.pending += added
     session.flush()
+    _apply(session, experiment.id, totals, changes, moved)
+
+
+@dataclass
+class _Change:
+    """What one read of the records adds to one volunteer's totals."""
+
+    verified: int = 0
+    pending: int = 0
+    epochs: int = 0
+    online_seconds: float = 0.0
+    last_seen: datetime | None = None
+    peak_samples_per_second: float = 0.0
+
+    def saw(self, at: datetime, peak: float) -> None:
+        self.last_seen = at if self.last_seen is None else max(self.last_seen, at)
+        self.peak_samples_per_second = max(self.peak_samples_per_second, peak)
+
+
+def experiment_totals(session: Session, experiment_id: int) -> ExperimentTotal:
+    """The experiment's running totals, locked (``FOR UPDATE``) until the transaction ends: everything that
+    changes totals takes this lock first, so updates of one experiment's totals never interleave."""
+    dialect = session.get_bind().dialect.name
+    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    stmt = select(ExperimentTotal).where(ExperimentTotal.experiment_id == experiment_id)
+    stmt = stmt.with_for_update().execution_options(populate_existing=True)
+    totals = session.scalar(stmt)
+    if totals is None:
+        session.execute(insert(ExperimentTotal).values(experiment_id=experiment_id).on_conflict_do_nothing())
+        totals = session.scalars(stmt).one()
+    return totals
+
+
+def volunteer_totals(session: Session, experiment_id: int, user_ids: set[int]) -> dict[int, VolunteerTotal]:
+    """The given volunteers' totals rows in one experiment, created where missing. Call with the experiment's
+    totals locked (``experiment_totals``)."""
+    stmt = select(VolunteerTotal).where(
+        VolunteerTotal.experiment_id == experiment_id, VolunteerTotal.user_id.in_(user_ids)
+    )
+    rows = {row.user_id: row for row in session.scalars(stmt)}
+    missing = user_ids - rows.keys()
+    if missing:
+        for user_id, username in session.execute(select(User.id, User.username).where(User.id.in_(missing))):
+            rows[user_id] = VolunteerTotal(
+                experiment_id=experiment_id,
+                user_id=user_id,
+                sort_name=username.lower(),
+                claimed_samples=0,
+                peak_claimed_samples_per_second=0.0,
+                device_classes=[],
+                verified_samples=0,
+                pending_samples=0,
+                epochs=0,
+                online_seconds=0.0,
+                peak_signed_samples_per_second=0.0,
+            )
+            session.add(rows[user_id])
+    return rows
+
+
+def _close_open_epoch(session: Session, experiment_id: int, totals: ExperimentTotal) -> None:
+    """The swarm moved past its open epoch: what was pending in it is verified, for every volunteer at once."""
+    session.execute(
+        update(VolunteerTotal)
+        .where(VolunteerTotal.experiment_id == experiment_id, VolunteerTotal.pending_samples > 0)
+        .values(
+            verified_samples=VolunteerTotal.verified_samples + VolunteerTotal.pending_samples,
+            pending_samples=0,
+        )
+        .execution_options(synchronize_session="fetch")
+    )
+    totals.verified_samples += totals.pending_samples
+    totals.pending_samples = 0
+
+
+def _apply(
+    session: Session, experiment_id: int, totals: ExperimentTotal, changes: dict[int, _Change], moved: set[int]
+) -> None:
+    rows = volunteer_totals(session, experiment_id, set(changes) | moved)
+    for user_id, change in changes.items():
+        row = rows[user_id]
+        row.verified_samples += change.verified
+        row.pending_samples += change.pending
+        row.epochs += change.epochs
+        row.online_seconds += change.online_seconds
+        if change.last_seen is not None and (row.last_signed_at is None or change.last_seen > row.last_signed_at):
+            row.last_signed_at = change.last_seen
+        if change.peak_samples_per_second > row.peak_signed_samples_per_second:
+            row.peak_signed_samples_per_second = change.peak_samples_per_second
+            raise_class_peaks(totals, row.device_classes, row.peak_signed_samples_per_second)
+        totals.verified_samples += change.verified
+        totals.pending_samples += change.pending
+    if moved:  # a peer now signs for someone else (rare): its time and peaks are recounted from the ledger
+        session.flush()
+        peers = session.execute(
+            select(
+                SwarmPeer.user_id,
+                func.sum(SwarmPeer.online_seconds),
+                func.max(SwarmPeer.last_seen),
+                func.max(SwarmPeer.peak_samples_per_second),
+            )
+            .where(SwarmPeer.experiment_id == experiment_id, SwarmPeer.user_id.in_(moved))
+            .group_by(SwarmPeer.user_id)
+        ).all()
+        recount = {user_id: (online, last, peak) for user_id, online, last, peak in peers}
+        for user_id in moved:
+            online, last, peak = recount.get(user_id, (0.0, None, 0.0))
+            rows[user_id].online_seconds = float(online)
+            rows[user_id].last_signed_at = last
+            rows[user_id].peak_signed_samples_per_second = float(peak)
+            raise_class_peaks(totals, rows[user_id].device_classes, float(peak))
+    session.flush()
+
+
+def raise_class_peaks(totals: ExperimentTotal, classes: list[str], peak: float) -> None:
+    peaks = dict(totals.signed_peaks)
+    for cls in classes:
+        peaks[cls] = max(peaks.get(cls, 0.0), peak)
+    if peaks != totals.signed_peaks:
+        totals.signed_peaks = peaks  # a new dict: JSON columns see assignment, not mutation
 
 
 @dataclass
@@ -123,7 +269,8 @@ class Verified:
 
 
 def by_user(session: Session, experiment: Experiment) -> dict[int, Verified]:
-    """Each volunteer's verified and pending samples, time online, last seen and fastest signed rate."""
+    """Each volunteer's verified and pending samples, time online, last seen and fastest signed rate, recounted
+    from the whole ledger (a scan: pages read ``VolunteerTotal``, which ``record`` keeps equal to this)."""
     result: dict[int, Verified] = {}
     open_epoch = session.scalar(select(func.max(PeerEpoch.epoch)).where(PeerEpoch.experiment_id == experiment.id))
     if open_epoch is None:

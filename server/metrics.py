@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from swarmhub.worker.protocol import MetricReport
 
 from . import contributions
-from .models import Experiment, MetricPoint, User, WorkerRun, utcnow
+from .models import Experiment, ExperimentTotal, MetricPoint, User, VolunteerTotal, WorkerRun, utcnow
 
 SERIES_POINTS = 300  # at most this many buckets per series
 SERIES_WINDOW = 20_000  # newest reports considered for the series
@@ -61,7 +61,8 @@ class MetricsPublic(BaseModel):
 
 
 def ingest(session: Session, worker: WorkerRun, report: MetricReport) -> bool:
-    """Store one report exactly once. Returns False for a duplicate (already stored) message."""
+    """Store one report exactly once, and keep the run's latest numbers and the volunteer's and experiment's
+    running totals in step. Returns False for a duplicate (already stored) message."""
     values: dict[str, Any] = {
         "experiment_id": worker.experiment_id,
         "worker_run_id": worker.id,
@@ -77,13 +78,29 @@ def ingest(session: Session, worker: WorkerRun, report: MetricReport) -> bool:
         .returning(MetricPoint.id)
     )
     inserted = session.execute(stmt).scalar_one_or_none() is not None
+    # Locked until commit: this experiment's ingests and ledger reads take turns with its totals.
+    totals = contributions.experiment_totals(session, worker.experiment_id)
+    session.refresh(worker)  # so the latest numbers are read under that lock
+    volunteer = contributions.volunteer_totals(session, worker.experiment_id, {worker.user_id})[worker.user_id]
     if inserted and report.seq > worker.last_seq:
+        claimed = report.samples - worker.samples  # the run's count replaces its previous one in the sums
+        volunteer.claimed_samples += claimed
+        totals.claimed_samples += claimed
+        totals.worker_epoch = max(totals.worker_epoch, report.epoch)
         worker.last_seq = report.seq
         worker.samples = report.samples
         worker.epoch = report.epoch
         worker.loss = report.loss
         worker.samples_per_second = report.samples_per_second
+    if inserted and report.samples_per_second > volunteer.peak_claimed_samples_per_second:
+        volunteer.peak_claimed_samples_per_second = report.samples_per_second
+    cls = device_class(worker.device)
+    if cls not in volunteer.device_classes:
+        volunteer.device_classes = sorted([*volunteer.device_classes, cls])
+        contributions.raise_class_peaks(totals, [cls], volunteer.peak_signed_samples_per_second)
     worker.last_seen_at = values["received_at"]
+    if volunteer.last_report_at is None or worker.last_seen_at > volunteer.last_report_at:
+        volunteer.last_report_at = worker.last_seen_at
     session.flush()
     return inserted
 
@@ -96,154 +113,126 @@ def _active_since(window_seconds: int) -> datetime:
 CLAIM_SLACK = 0.25  # claimed samples over verified + pending, beyond the reporting lag
 THROUGHPUT_FACTOR = 3.0  # claimed peak rate over the fastest signed rate of the same device class
 
+LEADERBOARD_LIMIT = 100  # rows of a page unless asked otherwise; what dashboards show
+LEADERBOARD_MAX_LIMIT = 1000
+
 
 def device_class(device: str) -> str:
     return device.split(":", 1)[0].lower() or "cpu"
 
 
 def leaderboard(
-    session: Session, experiment: Experiment, window_seconds: int, *, with_flags: bool = False
-) -> list[LeaderboardEntry]:
-    """Volunteers by verified samples, with what they claimed beside it; ``with_flags`` adds the organizer's
-    view of implausible claims."""
-    since = _active_since(window_seconds)
-    rows = session.execute(
-        select(
-            WorkerRun.user_id,
-            User.username,
-            WorkerRun.samples,
-            WorkerRun.samples_per_second,
-            WorkerRun.last_seen_at,
-            WorkerRun.device,
-        )
-        .join(User, User.id == WorkerRun.user_id)
-        .where(WorkerRun.experiment_id == experiment.id)
-    ).all()
-    per_user: dict[int, dict[str, Any]] = {}
-
-    def entry_for(user_id: int, username: str) -> dict[str, Any]:
-        return per_user.setdefault(
-            user_id,
-            {"username": username, "claimed": 0, "sps": 0.0, "last_seen": None, "classes": set()},
-        )
-
-    for user_id, username, samples, sps, last_seen, device in rows:
-        entry = entry_for(user_id, username)
-        entry["classes"].add(device_class(device))
-        if last_seen is None:
-            continue
-        entry["claimed"] += samples
-        if last_seen >= since:
-            entry["sps"] += sps
-        if entry["last_seen"] is None or last_seen > entry["last_seen"]:
-            entry["last_seen"] = last_seen
-    verified = contributions.by_user(session, experiment)
-    if verified:
-        names = dict(session.execute(select(User.id, User.username).where(User.id.in_(verified))).tuples().all())
-        for user_id, v in verified.items():
-            entry = entry_for(user_id, names[user_id])
-            if v.last_seen is not None and (entry["last_seen"] is None or v.last_seen > entry["last_seen"]):
-                entry["last_seen"] = v.last_seen
-    per_user = {uid: e for uid, e in per_user.items() if e["last_seen"] is not None}
-    total_verified = sum(v.samples for v in verified.values())
-    flags = _flags(session, experiment, per_user, verified) if with_flags else {}
-    ranked = sorted(
-        per_user.items(),
-        key=lambda item: (
-            -verified.get(item[0], contributions.Verified()).samples,
-            -item[1]["claimed"],
-            item[1]["username"].lower(),
-        ),
-    )
-    board = []
-    for rank, (user_id, e) in enumerate(ranked, start=1):
-        v = verified.get(user_id, contributions.Verified())
-        board.append(
-            LeaderboardEntry(
-                rank=rank,
-                username=e["username"],
-                samples=v.samples,
-                pending_samples=v.pending,
-                claimed_samples=e["claimed"],
-                share=round(v.samples / total_verified, 4) if total_verified else 0.0,
-                samples_per_second=round(e["sps"], 2),
-                time_online_seconds=round(v.online_seconds, 1),
-                active=e["last_seen"] >= since,
-                last_seen=e["last_seen"],
-                flags=flags.get(user_id, []) if with_flags else None,
-            )
-        )
-    return board
-
-
-def _flags(
     session: Session,
     experiment: Experiment,
-    per_user: dict[int, dict[str, Any]],
-    verified: dict[int, contributions.Verified],
-) -> dict[int, list[str]]:
-    """Claims the signed records do not back: samples that never reached an averaging round, and a
-    reported rate far above what peers of the same device class were seen to do in this experiment."""
-    peaks = dict(
+    window_seconds: int,
+    *,
+    with_flags: bool = False,
+    limit: int = LEADERBOARD_LIMIT,
+    offset: int = 0,
+) -> list[LeaderboardEntry]:
+    """One page of the volunteers by verified samples (then claimed, then name), with what they claimed beside
+    it; ``rank`` is the place on the whole board. ``with_flags`` adds the organizer's view of implausible
+    claims. Reads the running totals (``VolunteerTotal``) through their ranking index: the cost is the page's,
+    not the number of volunteers or reports."""
+    since = _active_since(window_seconds)
+    page = list(
+        session.scalars(
+            select(VolunteerTotal)
+            .where(VolunteerTotal.experiment_id == experiment.id)
+            .order_by(
+                VolunteerTotal.verified_samples.desc(), VolunteerTotal.claimed_samples.desc(), VolunteerTotal.sort_name
+            )
+            .limit(limit)
+            .offset(offset)
+        )
+    )
+    if not page:
+        return []
+    ids = [row.user_id for row in page]
+    names = dict(session.execute(select(User.id, User.username).where(User.id.in_(ids))).tuples().all())
+    # A rate is a worker's while it reports: the sum over the volunteer's runs seen within the window.
+    rates = dict(
         session.execute(
-            select(WorkerRun.user_id, func.max(MetricPoint.samples_per_second))
-            .join(MetricPoint, MetricPoint.worker_run_id == WorkerRun.id)
-            .where(WorkerRun.experiment_id == experiment.id)
+            select(WorkerRun.user_id, func.sum(WorkerRun.samples_per_second))
+            .where(
+                WorkerRun.experiment_id == experiment.id, WorkerRun.user_id.in_(ids), WorkerRun.last_seen_at >= since
+            )
             .group_by(WorkerRun.user_id)
         )
         .tuples()
         .all()
     )
-    fastest_signed: dict[str, float] = defaultdict(float)  # device class -> best signed rate
-    for user_id, e in per_user.items():
-        signed = verified.get(user_id, contributions.Verified()).peak_samples_per_second
-        for cls in e["classes"]:
-            fastest_signed[cls] = max(fastest_signed[cls], signed)
-    flags: dict[int, list[str]] = {}
-    for user_id, e in per_user.items():
-        v = verified.get(user_id, contributions.Verified())
-        mine = []
-        backed = v.samples + v.pending
-        # What the monitor cannot have seen: each epoch's last moments at the peer's rate, plus reporting lag.
-        unseen = v.epochs * contributions.MONITOR_SECONDS * v.peak_samples_per_second
-        if e["claimed"] > backed * (1 + CLAIM_SLACK) + unseen + 2 * experiment.target_batch_size:
-            mine.append(
-                f"claims {e['claimed']:,} samples but the swarm's signed records show {backed:,}: "
-                "the rest never reached an averaging round"
+    totals = session.get(ExperimentTotal, experiment.id)
+    total_verified = totals.verified_samples if totals is not None else 0
+    fastest_signed = dict(totals.signed_peaks) if totals is not None else {}
+    board = []
+    for rank, row in enumerate(page, start=offset + 1):
+        seen = [t for t in (row.last_report_at, row.last_signed_at) if t is not None]
+        last_seen = max(seen) if seen else None
+        board.append(
+            LeaderboardEntry(
+                rank=rank,
+                username=names[row.user_id],
+                samples=row.verified_samples,
+                pending_samples=row.pending_samples,
+                claimed_samples=row.claimed_samples,
+                share=round(row.verified_samples / total_verified, 4) if total_verified else 0.0,
+                samples_per_second=round(float(rates.get(row.user_id) or 0.0), 2),
+                time_online_seconds=round(row.online_seconds, 1),
+                active=last_seen is not None and last_seen >= since,
+                last_seen=last_seen,
+                flags=_flags(experiment, row, fastest_signed) if with_flags else None,
             )
-        peak = peaks.get(user_id) or 0.0
-        for cls in sorted(e["classes"]):
-            reference = fastest_signed[cls]
-            if reference > 0 and peak > THROUGHPUT_FACTOR * reference:
-                mine.append(
-                    f"reported {peak:,.0f} samples/s; the fastest signed rate of a {cls} peer here is {reference:,.0f}"
-                )
-        if mine:
-            flags[user_id] = mine
+        )
+    return board
+
+
+def _flags(experiment: Experiment, row: VolunteerTotal, fastest_signed: dict[str, float]) -> list[str]:
+    """Claims the signed records do not back: samples that never reached an averaging round, and a
+    reported rate far above what peers of the same device class were seen to do in this experiment."""
+    flags = []
+    backed = row.verified_samples + row.pending_samples
+    # What the monitor cannot have seen: each epoch's last moments at the peer's rate, plus reporting lag.
+    unseen = row.epochs * contributions.MONITOR_SECONDS * row.peak_signed_samples_per_second
+    if row.claimed_samples > backed * (1 + CLAIM_SLACK) + unseen + 2 * experiment.target_batch_size:
+        flags.append(
+            f"claims {row.claimed_samples:,} samples but the swarm's signed records show {backed:,}: "
+            "the rest never reached an averaging round"
+        )
+    peak = row.peak_claimed_samples_per_second
+    for cls in sorted(row.device_classes):
+        reference = fastest_signed.get(cls, 0.0)
+        if reference > 0 and peak > THROUGHPUT_FACTOR * reference:
+            flags.append(
+                f"reported {peak:,.0f} samples/s; the fastest signed rate of a {cls} peer here is {reference:,.0f}"
+            )
     return flags
 
 
 def summary(session: Session, experiment: Experiment, window_seconds: int, swarm_peers: int | None = None) -> Summary:
+    """The experiment's running totals, and the workers that reported within the window (an index range)."""
     since = _active_since(window_seconds)
-    total, epoch = session.execute(
-        select(func.coalesce(func.sum(WorkerRun.samples), 0), func.coalesce(func.max(WorkerRun.epoch), 0)).where(
-            WorkerRun.experiment_id == experiment.id
+    totals = session.get(ExperimentTotal, experiment.id)
+    active, rate, loss_sum, losses = (
+        session.execute(
+            select(
+                func.count(),
+                func.coalesce(func.sum(WorkerRun.samples_per_second), 0.0),
+                func.coalesce(func.sum(WorkerRun.loss), 0.0),
+                func.count(WorkerRun.loss),
+            ).where(WorkerRun.experiment_id == experiment.id, WorkerRun.last_seen_at >= since)
         )
-    ).one()
-    active = session.execute(
-        select(WorkerRun.samples_per_second, WorkerRun.loss).where(
-            WorkerRun.experiment_id == experiment.id, WorkerRun.last_seen_at >= since
-        )
-    ).all()
-    losses = [loss for _, loss in active if loss is not None]
+        .tuples()
+        .one()
+    )
     return Summary(
         status=experiment.status,
-        active_peers=len(active),
-        total_samples=int(total),
-        verified_samples=sum(v.samples for v in contributions.by_user(session, experiment).values()),
-        samples_per_second=round(sum(sps for sps, _ in active), 2),
-        epoch=int(epoch),
-        loss=round(sum(losses) / len(losses), 6) if losses else None,
+        active_peers=int(active),
+        total_samples=totals.claimed_samples if totals is not None else 0,
+        verified_samples=totals.verified_samples if totals is not None else 0,
+        samples_per_second=round(float(rate), 2),
+        epoch=totals.worker_epoch if totals is not None else 0,
+        loss=round(float(loss_sum or 0.0) / int(losses), 6) if losses else None,
         swarm_peers=swarm_peers,
     )
 

@@ -11,6 +11,8 @@ from . import experiments, leases, metrics
 from .models import Experiment
 from .settings import Settings
 
+DASHBOARD_ROWS = 100  # the leaderboard's top rows on the dashboard and in each live snapshot
+
 
 def base_url(request: Request, settings: Settings) -> str:
     return settings.public_url.rstrip("/") or str(request.base_url).rstrip("/")
@@ -28,7 +30,7 @@ def metrics_public(session: Session, experiment: Experiment, app: FastAPI) -> me
 
 def dashboard_snapshot(session: Session, experiment: Experiment, app: FastAPI) -> dict[str, Any]:
     settings: Settings = app.state.settings
-    board = metrics.leaderboard(session, experiment, settings.active_window_seconds)
+    board = metrics.leaderboard(session, experiment, settings.active_window_seconds, limit=DASHBOARD_ROWS)
     return {
         "type": "snapshot",
         "metrics": metrics_public(session, experiment, app).model_dump(mode="json"),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -195,10 +196,20 @@ def denylist(slug: str, session: DB, user: CurrentUser) -> DenyListPublic:
 
 
 @router.get("/experiments/{slug}/leaderboard", response_model=list[metrics.LeaderboardEntry])
-def leaderboard(slug: str, session: DB, user: OptionalUser, settings: AppSettings) -> list[metrics.LeaderboardEntry]:
+def leaderboard(
+    slug: str,
+    session: DB,
+    user: OptionalUser,
+    settings: AppSettings,
+    limit: Annotated[int, Query(ge=1, le=metrics.LEADERBOARD_MAX_LIMIT)] = metrics.LEADERBOARD_LIMIT,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+) -> list[metrics.LeaderboardEntry]:
+    """One page of the leaderboard; ``rank`` is the place on the whole board."""
     experiment = experiments.get_visible(session, slug, user)
     with_flags = user is not None and experiments.can_manage(experiment, user)
-    return metrics.leaderboard(session, experiment, settings.active_window_seconds, with_flags=with_flags)
+    return metrics.leaderboard(
+        session, experiment, settings.active_window_seconds, with_flags=with_flags, limit=limit, offset=offset
+    )
 
 
 @router.get("/experiments/{slug}/metrics", response_model=metrics.MetricsPublic)
