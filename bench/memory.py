@@ -243,10 +243,10 @@ def run(mode: Mode, rounds: int, limit: int) -> int:
     report(results, rounds, mode, time.monotonic() - started)
     torch_mapped = c.median([r["torch_mapped"] for r in results])
     print(
-        f"where the idle RSS goes: the server imports torch and hivemind even with the swarm off (server.experiments "
-        f"and server.contributions import swarmhub.worker.swarm_access, which imports hivemind, which imports "
-        f"torch); their shared libraries alone hold {torch_mapped:.0f} MB of the server's RSS. A fresh Python "
-        f"holds {torch_mb:.0f} MB after `import torch, hivemind`, {web_mb:.0f} MB after the web stack alone"
+        "where the idle RSS goes: the server imports torch and hivemind even with the swarm off "
+        "(server/experiments.py imports swarmhub.worker.swarm_access at module level, which imports hivemind, which "
+        f"imports torch); their shared libraries alone hold {torch_mapped:.0f} MB of the server's RSS. A fresh "
+        f"Python holds {torch_mb:.0f} MB after `import torch, hivemind`, {web_mb:.0f} MB after the web stack alone"
     )
     print(cleanup)
     print(load.line())
