@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -239,7 +240,16 @@ def summary(session: Session, experiment: Experiment, window_seconds: int, swarm
 
 def series(session: Session, experiment: Experiment) -> list[SeriesPoint]:
     """Loss (mean over workers), swarm throughput (sum of each worker's latest) and reporting peers,
-    in at most SERIES_POINTS time buckets over the newest SERIES_WINDOW reports."""
+    in at most SERIES_POINTS time buckets over the newest SERIES_WINDOW reports. The window is read backwards
+    through ``ix_metric_points_experiment_time``; on PostgreSQL the buckets are computed there too, so that only
+    the buckets travel."""
+    if session.get_bind().dialect.name == "postgresql":
+        return _series_in_postgres(session, experiment)
+    return series_by_rows(session, experiment)
+
+
+def series_by_rows(session: Session, experiment: Experiment) -> list[SeriesPoint]:
+    """``series`` computed here from the window's rows (any database)."""
     rows = list(
         session.execute(
             select(MetricPoint.received_at, MetricPoint.worker_run_id, MetricPoint.loss, MetricPoint.samples_per_second)
@@ -255,7 +265,7 @@ def series(session: Session, experiment: Experiment) -> list[SeriesPoint]:
     width = max(1.0, (end - start) / SERIES_POINTS)
     buckets: dict[int, dict[str, Any]] = defaultdict(lambda: {"losses": [], "sps": {}})
     for received_at, worker_id, loss, sps in rows:
-        bucket = buckets[int((received_at.timestamp() - start) // width)]
+        bucket = buckets[math.floor((received_at.timestamp() - start) / width)]
         bucket["losses"].append(loss)
         bucket["sps"][worker_id] = sps  # rows are in time order: the latest report per worker wins
     return [
@@ -266,4 +276,40 @@ def series(session: Session, experiment: Experiment) -> list[SeriesPoint]:
             peers=len(b["sps"]),
         )
         for index, b in sorted(buckets.items())
+    ]
+
+
+# The same buckets as series_by_rows, in one statement: each worker's latest report in a bucket is the one
+# with the greatest (received_at, id), as in the loop's time order.
+_SERIES_SQL = text(
+    """
+WITH win AS (
+    SELECT id, received_at, worker_run_id, loss, samples_per_second,
+           extract(epoch FROM received_at)::float8 AS t
+    FROM metric_points WHERE experiment_id = :experiment_id
+    ORDER BY received_at DESC, id DESC LIMIT :window
+), span AS (
+    SELECT min(t) AS start, greatest(1.0, (max(t) - min(t)) / :points) AS width FROM win
+), keyed AS (
+    SELECT win.*, floor((win.t - span.start) / span.width)::bigint AS bucket FROM win, span
+), latest AS (
+    SELECT DISTINCT ON (bucket, worker_run_id) bucket, samples_per_second
+    FROM keyed ORDER BY bucket, worker_run_id, received_at DESC, id DESC
+)
+SELECT b.bucket, span.start + b.bucket * span.width, b.loss, l.sps, l.peers
+FROM (SELECT bucket, avg(loss) AS loss FROM keyed GROUP BY bucket) b
+JOIN (SELECT bucket, sum(samples_per_second) AS sps, count(*) AS peers FROM latest GROUP BY bucket) l USING (bucket)
+CROSS JOIN span
+ORDER BY b.bucket
+"""
+)
+
+
+def _series_in_postgres(session: Session, experiment: Experiment) -> list[SeriesPoint]:
+    rows = session.execute(
+        _SERIES_SQL, {"experiment_id": experiment.id, "window": SERIES_WINDOW, "points": SERIES_POINTS}
+    ).all()
+    return [
+        SeriesPoint(t=round(t, 3), loss=round(loss, 6), samples_per_second=round(sps, 2), peers=peers)
+        for _, t, loss, sps, peers in rows
     ]
