@@ -387,6 +387,10 @@ def run_allreduce(cfg: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     trace_hivemind()
+    if cfg["swarmhub_split"]:  # as train() does
+        from swarmhub.worker import load_balancing
+
+        load_balancing.install()
     dht = hivemind.DHT(
         initial_peers=cfg["initial_peers"], host_maddrs=[cfg["listen"]], client_mode=cfg["client_mode"], start=True
     )
