@@ -126,7 +126,9 @@ class Reference:
                 entry["last_seen"] = last_seen
         verified = Reference.by_user(session, experiment)
         if verified:
-            names = dict(session.execute(select(User.id, User.username).where(User.id.in_(verified))).tuples().all())
+            # Was ``.where(User.id.in_(verified))``: one bind parameter per volunteer, over psycopg's 65,535 at
+            # 100,000 volunteers (the scan-based code failed there); every name instead.
+            names = dict(session.execute(select(User.id, User.username)).tuples().all())
             for user_id, v in verified.items():
                 entry = entry_for(user_id, names[user_id])
                 if v.last_seen is not None and (entry["last_seen"] is None or v.last_seen > entry["last_seen"]):
