@@ -223,41 +223,33 @@ def volunteers(database_url: str, slug: str, workers: int, per_user: int = 10) -
     return made
 
 
-def seed_history(database_url: str, slug: str, workers: int = 8, seconds: int = 3600) -> int:
-    """An hour of reports from ``workers`` earlier worker runs (one report per worker every ``workers`` s), rows
-    as the ingestion stores them, so the dashboard's series and leaderboard have their production size."""
+def seed_history(database_url: str, slug: str, workers: int = 8, seconds: int = 2700, every: int = 2) -> int:
+    """``seconds`` of history: reports from ``workers`` earlier worker runs (one every ``every`` s in all), stored by
+    the server's own ``metrics.ingest`` with its clock set back, so the dashboard's series (45 minutes: its finest
+    resolution, full) and leaderboard have their production size, in whatever ``ingest`` maintains."""
     from datetime import timedelta
 
+    from swarmhub.server import metrics
     from swarmhub.server.db import make_engine, make_sessionmaker
-    from swarmhub.server.models import Experiment, MetricPoint, WorkerRun, utcnow
+    from swarmhub.server.models import WorkerRun
+    from swarmhub.worker.protocol import MetricReport
 
     runs = volunteers(database_url, slug, workers, per_user=1)
     engine = make_engine(database_url)
-    start = utcnow() - timedelta(seconds=seconds + 60)
-    rows = []
+    real_clock = metrics.utcnow
+    start = real_clock() - timedelta(seconds=seconds + 60)
     try:
         with make_sessionmaker(engine).begin() as session:
-            experiment_id = session.get(WorkerRun, runs[0][0]).experiment_id  # type: ignore[union-attr]
-            assert session.get(Experiment, experiment_id) is not None
-            for i in range(seconds):
-                worker_id = runs[i % workers][0]
-                seq = i // workers
-                rows.append(
-                    MetricPoint(
-                        experiment_id=experiment_id,
-                        worker_run_id=worker_id,
-                        received_at=start + timedelta(seconds=i),
-                        **{
-                            k: v
-                            for k, v in json.loads(report_message(seq, loss=3.0 - i / seconds)).items()
-                            if k != "type"
-                        },
-                    )
-                )
-            session.add_all(rows)
+            for n, i in enumerate(range(0, seconds, every)):
+                worker = session.get(WorkerRun, runs[n % workers][0])
+                assert worker is not None
+                metrics.utcnow = lambda i=i: start + timedelta(seconds=i)  # type: ignore[misc]
+                report = MetricReport.model_validate_json(report_message(n // workers, loss=3.0 - i / seconds))
+                metrics.ingest(session, worker, report)
     finally:
+        metrics.utcnow = real_clock  # type: ignore[misc]
         engine.dispose()
-    return len(rows)
+    return len(range(0, seconds, every))
 
 
 def stored_reports(database_url: str, slug: str) -> int:

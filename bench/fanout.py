@@ -3,12 +3,12 @@
 What it measures: one worker (the real ``Reporter`` of ``swarmhub join``, its own worker run and volunteer token)
 reports to a real ``swarmhub server`` (SWARMHUB_SWARM_ENABLED=false) about once a second (0.6-1.4 s apart), each
 report with a new, larger ``samples``; 500 viewers hold ``/ws/experiments/{slug}/live`` open (two client
-processes, asyncio + ``websockets``). The experiment has an hour of history (3,600 earlier reports of 8 worker
-runs), so each snapshot has its production size (a full series, a leaderboard). The server pushes each viewer a
-snapshot (summary, series, leaderboard) at most once per ``SWARMHUB_LIVE_INTERVAL_SECONDS`` (default 1 s) when
-the numbers changed. A report's latency, per
-viewer, is from the moment the worker hands it to the reporter to the moment that viewer receives the first
-snapshot whose ``summary.total_samples`` includes it; p50/p99/max over every (report, viewer) pair; a report a
+processes, asyncio + ``websockets``). The experiment has 45 minutes of history (1,350 earlier reports of 8
+worker runs, stored by ``metrics.ingest``), so each snapshot has its production size (a full series, a
+leaderboard). The server pushes each viewer a snapshot (summary, series, leaderboard) at most once per
+``SWARMHUB_LIVE_INTERVAL_SECONDS`` (default 1 s) when the numbers changed. A report's latency, per viewer, is from
+the moment the worker hands it to the reporter to the moment that viewer receives the first snapshot whose
+``summary.total_samples`` includes it; p50/p99/max over every (report, viewer) pair; a report a
 viewer never saw counts as missed. Target p99 <= 250 ms.
 
 Variants, alternated round by round (order rotated):
