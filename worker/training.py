@@ -138,6 +138,25 @@ def optimizer_factory(settings: TrainingSettings) -> Callable[[Any], torch.optim
     return partial(_OPTIMIZERS[settings.optimizer], lr=settings.learning_rate)
 
 
+def restart_step_count(opt: Any) -> None:
+    """Undo the step that hivemind counts when it creates the optimizer's state.
+
+    ``hivemind.Optimizer`` initialises the statistics with one optimizer step on zero gradients
+    (``hivemind.optim.state_averager.initialize_optimizer_state_``). Adam's moments stay zero, but its step counter
+    is then one ahead, and its bias correction shrinks the first real updates (x0.74, x0.86, x0.91, ... of plain
+    Adam's): ``bench/convergence.py`` measured the swarm behind a single process for that reason. Every new peer
+    resets the counter here, before it trains or loads the swarm's state (which brings the swarm's counter along),
+    so a swarm follows the same trajectory as plain Adam (or AdamW) over the global batch.
+    """
+    inner = opt.state_averager.optimizer
+    for state in inner.state.values():
+        step = state.get("step")
+        if torch.is_tensor(step):
+            step.zero_()  # in place: hivemind may share this tensor with its averager process
+        elif isinstance(step, int | float):
+            state["step"] = 0
+
+
 def load_task(name: str, params: dict[str, Any]) -> Task:
     """The experiment's task, built from its parameters; a task this install lacks is the volunteer's to fix."""
     try:
@@ -321,6 +340,7 @@ def train(
                     **overlap_options(cfg.overlap),
                     verbose=False,
                 )
+                restart_step_count(opt)
             if auxiliary:
                 _assist(
                     opt, summary, should_stop, pause=stop_event.wait, keep_access=lambda: access.keep_published(dht)
