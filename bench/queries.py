@@ -1,13 +1,14 @@
 """Dashboard and leaderboard queries at scale: running totals against the scan-based computation they replace.
 
 Builds a PostgreSQL database with many volunteers and metric points (set-based SQL over ``generate_series``, at
-schema revision 0007), upgrades it to the newest revision (so the running-totals migration backfills the bulk
-data), drives a sample of volunteers through the real ``metrics.ingest`` and ``contributions.record`` (reports,
-a duplicate, epochs closing, a late read of a closed epoch), checks that every volunteer's and the experiment's
-totals equal a recount from the stored rows and that the pages equal the reference's, then times, through the
-real functions and in the same run, the leaderboard (first page, a deep page, the organizer's first page with
-flags), the summary, the series and a whole live snapshot, beside ``Reference``: a copy of the scan-based
-computation (before running totals) kept here as the baseline. Target: <= 20 ms each (median and p95).
+schema revision 0007), upgrades it to the newest revision (so the running-totals and metric-bucket migrations
+backfill the bulk data), drives a sample of volunteers through the real ``metrics.ingest`` and
+``contributions.record`` (reports, a duplicate, epochs closing, a late read of a closed epoch), checks that every
+volunteer's and the experiment's totals equal a recount from the stored rows, that the pages equal the
+reference's and that the newest metric buckets equal a recount from their reports, then times, through the real
+functions and in the same run, the leaderboard (first page, a deep page, the organizer's first page with flags),
+the summary, the series and a whole live snapshot, beside ``Reference``: a copy of the scan-based computation
+(before running totals and metric buckets) kept here as the baseline. Target: <= 20 ms each (median and p95).
 
     .venv/bin/python bench/queries.py            # 100,000 volunteers, 10,000,000 metric points
     .venv/bin/python bench/queries.py --quick    # 2,000 volunteers, 200,000 metric points
@@ -19,6 +20,7 @@ The full run waits while /tmp/swarmhub-bench-running exists (another benchmark),
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
@@ -27,7 +29,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -39,7 +41,7 @@ from sqlalchemy.orm import Session
 
 from swarmhub.server import accounts, contributions, experiments, metrics
 from swarmhub.server.db import alembic_config, make_engine, make_sessionmaker
-from swarmhub.server.models import Experiment, MetricPoint, PeerEpoch, SwarmPeer, User, WorkerRun, utcnow
+from swarmhub.server.models import Experiment, MetricBucket, MetricPoint, PeerEpoch, SwarmPeer, User, WorkerRun, utcnow
 from swarmhub.server.settings import Settings
 from swarmhub.server.snapshots import dashboard_snapshot
 from swarmhub.worker.protocol import MetricReport
@@ -50,6 +52,7 @@ TARGET_MS = 20.0
 # Active: reported within the last hour (the server's default window is 30 s; an hour keeps the same ~1% of runs
 # active through the whole run, so every timed call sees the same numbers).
 WINDOW = 3600
+SERIES_WINDOW = 20_000  # the reference series' newest reports
 
 
 class Reference:
@@ -234,7 +237,39 @@ class Reference:
             swarm_peers=None,
         )
 
-    series = staticmethod(metrics.series_by_rows)  # the window's rows into Python, bucketed there
+    @staticmethod
+    def series(session: Session, experiment: Experiment) -> list[metrics.SeriesPoint]:
+        """The newest SERIES_WINDOW reports into Python, bucketed there: loss (mean over the reports), the sum of
+        each worker's latest reported rate, reporting peers."""
+        rows = list(
+            session.execute(
+                select(
+                    MetricPoint.received_at, MetricPoint.worker_run_id, MetricPoint.loss, MetricPoint.samples_per_second
+                )
+                .where(MetricPoint.experiment_id == experiment.id)
+                .order_by(MetricPoint.received_at.desc(), MetricPoint.id.desc())
+                .limit(SERIES_WINDOW)
+            ).all()
+        )
+        if not rows:
+            return []
+        rows.reverse()
+        start, end = rows[0][0].timestamp(), rows[-1][0].timestamp()
+        width = max(1.0, (end - start) / metrics.SERIES_POINTS)
+        buckets: dict[int, dict[str, Any]] = defaultdict(lambda: {"losses": [], "sps": {}})
+        for received_at, worker_id, loss, sps in rows:
+            bucket = buckets[math.floor((received_at.timestamp() - start) / width)]
+            bucket["losses"].append(loss)
+            bucket["sps"][worker_id] = sps  # rows are in time order: the latest report per worker wins
+        return [
+            metrics.SeriesPoint(
+                t=round(start + index * width, 3),
+                loss=round(sum(b["losses"]) / len(b["losses"]), 6),
+                samples_per_second=round(sum(b["sps"].values()), 2),
+                peers=len(b["sps"]),
+            )
+            for index, b in sorted(buckets.items())
+        ]
 
     @staticmethod
     def snapshot(session: Session, experiment: Experiment) -> dict[str, Any]:
@@ -283,7 +318,8 @@ def build(url: str, volunteers: int, points: int, epochs: int, log: Callable[[st
         )
         first_user = conn.scalar(sa.text("SELECT min(id) FROM users WHERE username LIKE 'Vol%'"))
         params["u"] = first_user
-        # Run r belongs to volunteer r mod v; its last report is r hours ago, except the newest ``a`` runs.
+        # Run r belongs to volunteer r mod v; its last report is r minutes ago, except the newest ``a`` runs; its
+        # latest count and seq are those of its newest metric point (below), as ingest would have left them.
         conn.execute(
             sa.text(
                 "INSERT INTO worker_runs (id, experiment_id, user_id, device, created_at, last_seen_at, samples, "
@@ -292,7 +328,7 @@ def build(url: str, volunteers: int, points: int, epochs: int, log: Callable[[st
                 "CASE WHEN r % 7 = 0 THEN 'cuda:0' WHEN r % 11 = 0 THEN 'mps' ELSE 'cpu' END, "
                 "now() - interval '40 days', "
                 "now() - CASE WHEN r < :a THEN interval '5 seconds' ELSE (r || ' minutes')::interval END, "
-                "(hashint4(r) & 65535) * 40, :e, 2.0 + (r % 100) / 100.0, 5 + (r % 50), (:n / :r) - 1 "
+                "((:n - 1 - r) / :r) * 40, :e, 2.0 + (r % 100) / 100.0, 5 + (r % 50), (:n - 1 - r) / :r "
                 "FROM generate_series(0, :r - 1) r"
             ),
             params,
@@ -342,9 +378,12 @@ def build(url: str, volunteers: int, points: int, epochs: int, log: Callable[[st
     log(f"loaded {volunteers:,} volunteers, {runs:,} runs, {points:,} points in {timings['load_s']:.0f} s")
     vacuum(engine)
     started = time.perf_counter()
-    command.upgrade(alembic_config(engine), "head")
+    # The backfills sort and group every metric point: give them the memory a maintenance window would.
+    upgrader = make_engine(url + "?options=-c%20work_mem%3D256MB")
+    command.upgrade(alembic_config(upgrader), "head")
+    upgrader.dispose()
     timings["backfill_s"] = time.perf_counter() - started
-    log(f"upgraded to head (running totals backfilled) in {timings['backfill_s']:.0f} s")
+    log(f"upgraded to head (running totals and metric buckets backfilled) in {timings['backfill_s']:.0f} s")
     vacuum(engine)
     engine.dispose()
     return timings
@@ -445,12 +484,83 @@ def check_totals(db: Any, experiment_id: int) -> str:
             page = metrics.leaderboard(session, exp, WINDOW, with_flags=True, limit=100, offset=offset)
             assert page == board[offset : offset + 100], f"page at {offset} differs from the reference"
         assert metrics.summary(session, exp, WINDOW) == Reference.summary(session, exp, WINDOW)
-        got, want = metrics.series(session, exp), Reference.series(session, exp)
-        assert [(p.t, p.samples_per_second, p.peers) for p in got] == [
-            (p.t, p.samples_per_second, p.peers) for p in want
-        ]
-        assert all(abs(a.loss - b.loss) <= 2e-6 for a, b in zip(got, want, strict=True))  # sums in another order
-    return f"{len(totals):,} volunteers' totals equal the recount; pages, summary and series equal the reference"
+    buckets = check_buckets(db, experiment_id)
+    return f"{len(totals):,} volunteers' totals equal the recount; pages and summary equal the reference; {buckets}"
+
+
+SERIES_SAMPLE = 3000  # seconds: the newest ten 5-minute buckets and their three hundred 10-second ones
+
+
+def check_buckets(db: Any, experiment_id: int) -> str:
+    """The metric buckets of the newest SERIES_SAMPLE seconds equal a recount from the stored reports (each run's
+    reports there in arrival order, after its newest report before them), and the series shows them."""
+    with db() as session:
+        newest = session.scalar(
+            select(func.max(MetricBucket.bucket_start)).where(
+                MetricBucket.experiment_id == experiment_id, MetricBucket.width == metrics.BUCKET_WIDTHS[-1]
+            )
+        )
+        since = newest - SERIES_SAMPLE + metrics.BUCKET_WIDTHS[-1]  # a 5-minute boundary
+        params = {"x": experiment_id, "since": datetime.fromtimestamp(since, timezone.utc)}
+        before = {
+            run: (seq, samples)
+            for run, seq, samples in session.execute(
+                sa.text(
+                    "SELECT r.worker_run_id, p.seq, p.samples FROM (SELECT DISTINCT worker_run_id FROM metric_points "
+                    "WHERE experiment_id = :x AND received_at >= :since) r CROSS JOIN LATERAL (SELECT seq, samples "
+                    "FROM metric_points p WHERE p.worker_run_id = r.worker_run_id AND p.received_at < :since "
+                    "ORDER BY seq DESC LIMIT 1) p"
+                ),
+                params,
+            )
+        }
+        reports = session.execute(
+            select(
+                MetricPoint.worker_run_id,
+                MetricPoint.received_at,
+                MetricPoint.seq,
+                MetricPoint.samples,
+                MetricPoint.loss,
+            )
+            .where(MetricPoint.experiment_id == experiment_id, MetricPoint.received_at >= params["since"])
+            .order_by(MetricPoint.id)
+        ).all()
+        recount: dict[tuple[int, int], list[Any]] = {}
+        runs: dict[tuple[int, int], set[str]] = defaultdict(set)
+        for run, received_at, seq, samples, loss in reports:
+            last_seq, last_samples = before.get(run, (-1, 0))
+            added = samples - last_samples if seq > last_seq else 0
+            if seq > last_seq:
+                before[run] = (seq, samples)
+            for width in metrics.BUCKET_WIDTHS:
+                key = (width, math.floor(received_at.timestamp()) // width * width)
+                b = recount.setdefault(key, [0.0, 0, 0])
+                b[0] += loss
+                b[1] += 1
+                b[2] += added
+                runs[key].add(run)
+        stored = {
+            (b.width, b.bucket_start): b
+            for b in session.scalars(
+                select(MetricBucket).where(
+                    MetricBucket.experiment_id == experiment_id, MetricBucket.bucket_start >= since
+                )
+            )
+        }
+        assert set(stored) == set(recount), f"{len(set(stored) ^ set(recount))} buckets differ"
+        for key, (loss_sum, count, added) in recount.items():
+            b = stored[key]
+            assert (b.reports, b.samples, b.peers) == (count, added, len(runs[key])), (key, b.__dict__)
+            assert abs(b.loss_sum - loss_sum) <= 1e-6 * count, key
+        exp = session.get(Experiment, experiment_id)
+        assert exp is not None
+        shown = {p.t: p for p in metrics.series(session, exp)}
+        for (width, start), b in stored.items():
+            if width == metrics.BUCKET_WIDTHS[-1]:  # the run spans days: the series shows the coarse buckets
+                assert shown[float(start)].peers == b.peers
+    return (
+        f"{len(stored):,} metric buckets of the newest {SERIES_SAMPLE:,} s ({len(reports):,} reports) equal the recount"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -476,13 +586,19 @@ def p95(values: list[float]) -> float:
 
 
 def explain_series(db: Any, experiment_id: int) -> str:
-    stmt = (
-        select(MetricPoint.received_at, MetricPoint.worker_run_id, MetricPoint.loss, MetricPoint.samples_per_second)
-        .where(MetricPoint.experiment_id == experiment_id)
-        .order_by(MetricPoint.received_at.desc(), MetricPoint.id.desc())
-        .limit(metrics.SERIES_WINDOW)
-    )
+    """The plan of the series' bucket read (the coarse resolution, as the bench's run spans days)."""
     with db() as session:
+        newest = session.scalar(select(func.max(MetricBucket.bucket_start)))
+        width = metrics.BUCKET_WIDTHS[-1]
+        stmt = (
+            select(MetricBucket)
+            .where(
+                MetricBucket.experiment_id == experiment_id,
+                MetricBucket.width == width,
+                MetricBucket.bucket_start > newest - metrics.SERIES_POINTS * width,
+            )
+            .order_by(MetricBucket.bucket_start)
+        )
         sql = str(stmt.compile(session.get_bind(), compile_kwargs={"literal_binds": True}))
         plan = session.execute(sa.text("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql)).scalars().all()
     return "\n".join(plan)
@@ -624,8 +740,8 @@ def main() -> None:
             f"{runs} timed calls per query ({reference_runs} for the reference), each in its own session.",
             f"Machine: {machine()}; PostgreSQL {server_version} on the same machine.",
             f"Command: `.venv/bin/python bench/queries.py{' --quick' if args.quick else ''}`",
-            f"Build: bulk load {build_times['load_s']:.0f} s; upgrade to head with the running-totals backfill "
-            f"{build_times['backfill_s']:.0f} s. Check: {checked}.",
+            f"Build: bulk load {build_times['load_s']:.0f} s; upgrade to head with the running-totals and "
+            f"metric-bucket backfills {build_times['backfill_s']:.0f} s. Check: {checked}.",
             "",
             *lines,
             "",

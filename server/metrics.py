@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from pydantic import BaseModel, Field
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -16,10 +15,11 @@ from sqlalchemy.orm import Session
 from swarmhub.worker.protocol import MetricReport
 
 from . import contributions
-from .models import Experiment, ExperimentTotal, MetricPoint, User, VolunteerTotal, WorkerRun, utcnow
+from .models import Experiment, ExperimentTotal, MetricBucket, MetricPoint, User, VolunteerTotal, WorkerRun, utcnow
 
 SERIES_POINTS = 300  # at most this many buckets per series
-SERIES_WINDOW = 20_000  # newest reports considered for the series
+# The series' resolutions in seconds, finest first: 300 buckets show 50 minutes, or 25 hours.
+BUCKET_WIDTHS = (10, 300)
 
 
 class LeaderboardEntry(BaseModel):
@@ -39,6 +39,10 @@ class LeaderboardEntry(BaseModel):
 
 
 class SeriesPoint(BaseModel):
+    """One time bucket of the dashboard's chart: ``loss`` is the mean over the reports stored in it,
+    ``samples_per_second`` the samples the swarm's worker runs added in it (each accepted report's count over its
+    run's previous one) over the bucket's width, and ``peers`` the worker runs that reported in it."""
+
     t: float  # unix time (server clock) of the bucket start
     loss: float
     samples_per_second: float
@@ -83,6 +87,8 @@ def ingest(session: Session, worker: WorkerRun, report: MetricReport) -> bool:
     totals = contributions.experiment_totals(session, worker.experiment_id)
     session.refresh(worker)  # so the latest numbers are read under that lock
     volunteer = contributions.volunteer_totals(session, worker.experiment_id, {worker.user_id})[worker.user_id]
+    if inserted:
+        _add_to_buckets(session, insert, worker, report, values["received_at"])
     if inserted and report.seq > worker.last_seq:
         claimed = report.samples - worker.samples  # the run's count replaces its previous one in the sums
         volunteer.claimed_samples += claimed
@@ -104,6 +110,71 @@ def ingest(session: Session, worker: WorkerRun, report: MetricReport) -> bool:
         volunteer.last_report_at = worker.last_seen_at
     session.flush()
     return inserted
+
+
+def _add_to_buckets(session: Session, insert: Any, worker: WorkerRun, report: MetricReport, at: datetime) -> None:
+    """Add a newly stored report to its bucket of each resolution. Call before the run's latest numbers move:
+    an accepted report (seq above the run's latest) adds its samples over the run's previous count (the first
+    report: all of them), a late one adds none; the run counts once per bucket, on its first stored report
+    there."""
+    added = report.samples - worker.samples if report.seq > worker.last_seq else 0
+    second = math.floor(at.timestamp())
+    previous = worker.last_seen_at.timestamp() if worker.last_seen_at is not None else None
+    latest: list[datetime | None] = []
+
+    def reported_since(start: int) -> bool:
+        # The run's previous message was in this bucket, but it may have been a duplicate (not stored): look for
+        # a stored report there, first the run's latest accepted one (a key lookup), else, rarely (after a
+        # duplicate or a late report), through the run's reports, newest seq first.
+        if not latest:
+            latest.append(
+                session.scalar(
+                    select(MetricPoint.received_at).where(
+                        MetricPoint.worker_run_id == worker.id, MetricPoint.seq == worker.last_seq
+                    )
+                )
+            )
+        if latest[0] is not None and latest[0].timestamp() >= start:
+            return True
+        found = session.scalar(
+            select(MetricPoint.id)
+            .where(
+                MetricPoint.worker_run_id == worker.id,
+                MetricPoint.received_at >= datetime.fromtimestamp(start, timezone.utc),
+                MetricPoint.received_at < at,
+            )
+            .order_by(MetricPoint.seq.desc())
+            .limit(1)
+        )
+        return found is not None
+
+    rows = []
+    for width in BUCKET_WIDTHS:
+        start = second // width * width
+        new_peer = previous is None or previous < start or not reported_since(start)
+        rows.append(
+            {
+                "experiment_id": worker.experiment_id,
+                "width": width,
+                "bucket_start": start,
+                "loss_sum": report.loss,
+                "reports": 1,
+                "samples": added,
+                "peers": int(new_peer),
+            }
+        )
+    stmt = insert(MetricBucket).values(rows)
+    session.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["experiment_id", "width", "bucket_start"],
+            set_={
+                "loss_sum": MetricBucket.loss_sum + stmt.excluded.loss_sum,
+                "reports": MetricBucket.reports + stmt.excluded.reports,
+                "samples": MetricBucket.samples + stmt.excluded.samples,
+                "peers": MetricBucket.peers + stmt.excluded.peers,
+            },
+        )
+    )
 
 
 def _active_since(window_seconds: int) -> datetime:
@@ -238,78 +309,42 @@ def summary(session: Session, experiment: Experiment, window_seconds: int, swarm
     )
 
 
-def series(session: Session, experiment: Experiment) -> list[SeriesPoint]:
-    """Loss (mean over workers), swarm throughput (sum of each worker's latest) and reporting peers,
-    in at most SERIES_POINTS time buckets over the newest SERIES_WINDOW reports. The window is read backwards
-    through ``ix_metric_points_experiment_time``; on PostgreSQL the buckets are computed there too, so that only
-    the buckets travel."""
-    if session.get_bind().dialect.name == "postgresql":
-        return _series_in_postgres(session, experiment)
-    return series_by_rows(session, experiment)
-
-
-def series_by_rows(session: Session, experiment: Experiment) -> list[SeriesPoint]:
-    """``series`` computed here from the window's rows (any database)."""
-    rows = list(
-        session.execute(
-            select(MetricPoint.received_at, MetricPoint.worker_run_id, MetricPoint.loss, MetricPoint.samples_per_second)
-            .where(MetricPoint.experiment_id == experiment.id)
-            .order_by(MetricPoint.received_at.desc(), MetricPoint.id.desc())
-            .limit(SERIES_WINDOW)
-        ).all()
-    )
-    if not rows:
-        return []
-    rows.reverse()
-    start, end = rows[0][0].timestamp(), rows[-1][0].timestamp()
-    width = max(1.0, (end - start) / SERIES_POINTS)
-    buckets: dict[int, dict[str, Any]] = defaultdict(lambda: {"losses": [], "sps": {}})
-    for received_at, worker_id, loss, sps in rows:
-        bucket = buckets[math.floor((received_at.timestamp() - start) / width)]
-        bucket["losses"].append(loss)
-        bucket["sps"][worker_id] = sps  # rows are in time order: the latest report per worker wins
+def series(session: Session, experiment: Experiment, now: datetime | None = None) -> list[SeriesPoint]:
+    """The newest SERIES_POINTS buckets of the finest resolution (BUCKET_WIDTHS) that shows the whole run, or of
+    the coarsest one when none does (so a run longer than SERIES_POINTS coarse buckets shows its newest part).
+    Reads the buckets ``ingest`` keeps (``MetricBucket``): two index probes and at most SERIES_POINTS rows.
+    ``now`` (the server clock) is where the newest bucket's elapsed part ends."""
+    for width in BUCKET_WIDTHS:
+        first, last = (
+            session.execute(
+                select(func.min(MetricBucket.bucket_start), func.max(MetricBucket.bucket_start)).where(
+                    MetricBucket.experiment_id == experiment.id, MetricBucket.width == width
+                )
+            )
+            .tuples()
+            .one()
+        )
+        if last is None:
+            return []
+        if last - first < SERIES_POINTS * width:
+            break
+    buckets = session.scalars(
+        select(MetricBucket)
+        .where(
+            MetricBucket.experiment_id == experiment.id,
+            MetricBucket.width == width,
+            MetricBucket.bucket_start > last - SERIES_POINTS * width,
+        )
+        .order_by(MetricBucket.bucket_start)
+    ).all()
+    clock = (now or utcnow()).timestamp()
     return [
         SeriesPoint(
-            t=round(start + index * width, 3),
-            loss=round(sum(b["losses"]) / len(b["losses"]), 6),
-            samples_per_second=round(sum(b["sps"].values()), 2),
-            peers=len(b["sps"]),
+            t=float(b.bucket_start),
+            loss=round(b.loss_sum / b.reports, 6),
+            # A bucket still filling is divided by its elapsed part (at least a second), not its whole width.
+            samples_per_second=round(b.samples / min(width, max(1.0, clock - b.bucket_start)), 2),
+            peers=b.peers,
         )
-        for index, b in sorted(buckets.items())
-    ]
-
-
-# The same buckets as series_by_rows, in one statement: each worker's latest report in a bucket is the one
-# with the greatest (received_at, id), as in the loop's time order.
-_SERIES_SQL = text(
-    """
-WITH win AS (
-    SELECT id, received_at, worker_run_id, loss, samples_per_second,
-           extract(epoch FROM received_at)::float8 AS t
-    FROM metric_points WHERE experiment_id = :experiment_id
-    ORDER BY received_at DESC, id DESC LIMIT :window
-), span AS (
-    SELECT min(t) AS start, greatest(1.0, (max(t) - min(t)) / :points) AS width FROM win
-), keyed AS (
-    SELECT win.*, floor((win.t - span.start) / span.width)::bigint AS bucket FROM win, span
-), latest AS (
-    SELECT DISTINCT ON (bucket, worker_run_id) bucket, samples_per_second
-    FROM keyed ORDER BY bucket, worker_run_id, received_at DESC, id DESC
-)
-SELECT b.bucket, span.start + b.bucket * span.width, b.loss, l.sps, l.peers
-FROM (SELECT bucket, avg(loss) AS loss FROM keyed GROUP BY bucket) b
-JOIN (SELECT bucket, sum(samples_per_second) AS sps, count(*) AS peers FROM latest GROUP BY bucket) l USING (bucket)
-CROSS JOIN span
-ORDER BY b.bucket
-"""
-)
-
-
-def _series_in_postgres(session: Session, experiment: Experiment) -> list[SeriesPoint]:
-    rows = session.execute(
-        _SERIES_SQL, {"experiment_id": experiment.id, "window": SERIES_WINDOW, "points": SERIES_POINTS}
-    ).all()
-    return [
-        SeriesPoint(t=round(t, 3), loss=round(loss, 6), samples_per_second=round(sps, 2), peers=peers)
-        for _, t, loss, sps, peers in rows
+        for b in buckets
     ]

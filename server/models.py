@@ -320,3 +320,20 @@ Index(
     VolunteerTotal.sort_name,
     VolunteerTotal.user_id,
 )
+
+
+class MetricBucket(Base):
+    """The reports of one experiment in one time bucket of one resolution (``width`` seconds), kept in step with
+    every stored report (``metrics.ingest``), so that the dashboard's series reads a few hundred rows and not the
+    reports themselves. ``bucket_start`` is unix seconds (server clock), a multiple of ``width``."""
+
+    __tablename__ = "metric_buckets"
+
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    width: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    loss_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    reports: Mapped[int] = mapped_column(BigInteger, default=0)  # stored reports, the loss's denominator
+    # What the runs' sample counts grew by: each accepted report's count minus its run's previous one.
+    samples: Mapped[int] = mapped_column(BigInteger, default=0)
+    peers: Mapped[int] = mapped_column(Integer, default=0)  # worker runs with a stored report in the bucket

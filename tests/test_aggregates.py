@@ -295,26 +295,3 @@ def test_dashboard_snapshot_shows_the_top_rows_only(db, app):
     assert len(snapshot["leaderboard"]) == DASHBOARD_ROWS
     assert snapshot["leaderboard"][0]["username"] == f"crowd{DASHBOARD_ROWS + 2:03d}"
     assert snapshot["metrics"]["summary"]["total_samples"] == sum(range(DASHBOARD_ROWS + 3))
-
-
-def test_series_buckets_equal_the_row_by_row_computation(db):
-    organizer = make_user(db, "olga")
-    experiment = make_experiment(db, organizer, slug="curve", status="running")
-    start = utcnow() - timedelta(hours=2)
-    with db.begin() as session:
-        exp = session.get(Experiment, experiment.id)
-        workers = [experiments.start_worker_run(session, exp, session.merge(organizer), "cpu").id for _ in range(3)]
-        session.add_all(
-            MetricPoint(
-                experiment_id=experiment.id, worker_run_id=workers[i % 3], seq=i, step=i, epoch=1, samples=i,
-                loss=3.0 - i / 1000, samples_per_second=float(i % 17), peers=3, averaged_peers=3,
-                received_at=start + timedelta(seconds=i * 7 + (i % 5) / 10),
-            )
-            for i in range(1000)
-        )  # fmt: skip
-    with db() as session:
-        exp = session.get(Experiment, experiment.id)
-        points = metrics.series(session, exp)
-        assert points == metrics.series_by_rows(session, exp)
-    assert len(points) == metrics.SERIES_POINTS + 1  # the newest report starts the last bucket
-    assert points[-1].peers == 1 and points[0].peers == 3
