@@ -8,7 +8,8 @@ worker runs, stored by ``metrics.ingest``), so each snapshot has its production 
 leaderboard). The server pushes each viewer a snapshot (summary, series, leaderboard) at most once per
 ``SWARMHUB_LIVE_INTERVAL_SECONDS`` (default 1 s) when the numbers changed. A report's latency, per viewer, is from
 the moment the worker hands it to the reporter to the moment that viewer receives the first snapshot whose
-``summary.total_samples`` includes it; p50/p99/max over every (report, viewer) pair; a report a
+``summary.total_samples`` includes it (the history's total, read from ``GET /api/experiments/{slug}/metrics``
+before the worker starts, plus the worker's ``samples``); p50/p99/max over every (report, viewer) pair; a report a
 viewer never saw counts as missed. Target p99 <= 250 ms.
 
 Variants, alternated round by round (order rotated):
@@ -182,6 +183,7 @@ class Variant:
     slug: str
     worker_id: str
     token: str
+    base_total: int = 0  # the experiment's total_samples without this worker run (its history)
     seq_base: int = 0
     samples_base: int = 0
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -248,9 +250,11 @@ def measure(h: c.Harness, v: Variant, tag: str, reports: int) -> dict[str, Any]:
             counts = [n for _, n in views]
             for t, n in sent:
                 # the first snapshot whose total includes this report (totals only grow)
-                i = bisect.bisect_left(counts, n)
+                i = bisect.bisect_left(counts, v.base_total + n)
                 if i == len(counts):
                     missed += 1
+                elif views[i][0] < t:
+                    raise c.BenchError(f"{v.name}: a snapshot showed report {n} before it was sent")
                 else:
                     latencies.append(views[i][0] - t)
         by_process.append(latencies)
@@ -269,6 +273,13 @@ def _stop_viewers(proc: c.Proc) -> None:
     """Viewers would end at their ``stop_at``; SIGUSR1 ends them now (and they print their result)."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.popen.pid, signal.SIGUSR1)
+
+
+def history_total(server: s.SwarmhubServer, slug: str) -> int:
+    """``summary.total_samples`` before the benchmark's worker reports (what the history adds to every total)."""
+    response = server.http.get(f"/api/experiments/{slug}/metrics")
+    response.raise_for_status()
+    return int(response.json()["summary"]["total_samples"])
 
 
 def main() -> int:
@@ -310,7 +321,7 @@ def run(mode: Mode, rounds: int, redis: bool) -> int:
                     slug = server.start_experiment("fanout")
                     s.seed_history(url, slug)
                     ((wid, token),) = s.volunteers(url, slug, 1)
-                    variants.append(Variant(name, [server], slug, wid, token))
+                    variants.append(Variant(name, [server], slug, wid, token, history_total(server, slug)))
                 if redis:
                     pg = stack.enter_context(s.postgres_database("fanout"))
                     channel = f"swarmhub-bench-{uuid.uuid4().hex[:8]}"
@@ -325,7 +336,8 @@ def run(mode: Mode, rounds: int, redis: bool) -> int:
                     slug = a.start_experiment("fanout")
                     s.seed_history(pg, slug)
                     ((wid, token),) = s.volunteers(pg, slug, 1)
-                    variants.insert(1, Variant("2 processes + Redis (PostgreSQL)", [a, b], slug, wid, token))
+                    base = history_total(a, slug)
+                    variants.insert(1, Variant("2 processes + Redis (PostgreSQL)", [a, b], slug, wid, token, base))
             for r in range(rounds):
                 order = variants[r % len(variants) :] + variants[: r % len(variants)]
                 for v in order:
