@@ -137,6 +137,8 @@ def test_series_buckets_equal_a_recount_through_duplicates_late_reports_and_a_lo
     points = compare(60 * 69 + 30)
     assert points[1].t - points[0].t == metrics.BUCKET_WIDTHS[-1]
     assert [p.peers for p in points] == [3] + [1] * 10  # the first five minutes, then one run at a time
+    # The newest bucket (10:05, T0 + 3,896.75 s) is still filling: its 100 samples over its elapsed part.
+    assert points[-1].samples_per_second == round(100 / (60 * 69 + 30 - 3896.75), 2)
 
 
 def test_the_migration_backfills_the_same_buckets(swarm, db):
