@@ -1,17 +1,24 @@
 """Live dashboard updates: viewers subscribe per experiment; at most one push per interval each.
 
 Every server process keeps its own viewers. A process that learns that an experiment's numbers changed (a
-worker reported to it, its monitor peer read the swarm) marks the experiment; once per interval it builds one
-snapshot per marked experiment from the database and pushes it to its viewers. With Redis configured
-(``SWARMHUB_REDIS_URL``) each process also publishes its marks on a pub/sub channel and marks what the
-others publish, so a dashboard connected to one process sees what workers report to another. Without Redis a
-single process works alone. A viewer that does not read is never waited for: its queue holds at most a few
-snapshots and the oldest is dropped.
+worker reported to it, its monitor peer read the swarm) marks the experiment. Pushes are throttled on the
+leading edge: a mark on an experiment whose last push is at least one interval old builds and pushes a
+snapshot at once; a mark that comes sooner waits for (last push + interval), and every mark until then rides
+on that one push. A viewer thus sees a report without waiting out an interval after a quiet spell, and never
+gets more than one push per interval per experiment. Each push builds the snapshot and encodes its JSON once;
+every viewer is sent that same text.
+
+With Redis configured (``SWARMHUB_REDIS_URL``) each process also publishes its marks on a pub/sub channel (on
+the same leading edge, so at most one message per interval per experiment) and marks what the others publish,
+so a dashboard connected to one process sees what workers report to another. Without Redis a single process
+works alone. A viewer that does not read is never waited for: its queue holds at most a few snapshots and the
+oldest is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -19,9 +26,33 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-Snapshot = Callable[[str], Awaitable[dict[str, Any] | None]]
+Snapshot = Callable[[str], Awaitable[str | None]]  # the experiment's snapshot as JSON text, None if it is gone
 logger = logging.getLogger("swarmhub.live")
 VIEWER_QUEUE = 4
+
+
+class _Throttle:
+    """Slugs waiting for their turn: each is due at once, or one interval after its previous turn."""
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self.pending: set[str] = set()
+        self._last: dict[str, float] = {}
+
+    def due(self, now: float) -> list[str]:
+        """Take the pending slugs whose turn it is, and start their next interval now."""
+        ready = [slug for slug in self.pending if slug not in self._last or self._last[slug] + self.interval <= now]
+        for slug in ready:
+            self.pending.discard(slug)
+            self._last[slug] = now
+        for slug, last in list(self._last.items()):  # an old enough turn counts as none: forget it
+            if last + self.interval <= now and slug not in self.pending:
+                del self._last[slug]
+        return sorted(ready)
+
+    def next_at(self) -> float | None:
+        """When the first pending slug is due (None: nothing pending)."""
+        return min((self._last.get(slug, 0.0) + self.interval for slug in self.pending), default=None)
 
 
 class LiveHub:
@@ -30,17 +61,18 @@ class LiveHub:
         self.redis_url = redis_url
         self.channel = channel
         self.instance = uuid.uuid4().hex  # this process: its own marks come back from Redis and are skipped
-        self._subscribers: dict[str, set[asyncio.Queue[dict[str, Any]]]] = defaultdict(set)
-        self._dirty: set[str] = set()
-        self._outbox: set[str] = set()  # marks to publish for the other processes
+        self._subscribers: dict[str, set[asyncio.Queue[str]]] = defaultdict(set)
+        self._dirty = _Throttle(interval)
+        self._outbox = _Throttle(interval)  # marks to publish for the other processes
+        self._wake: asyncio.Event | None = None  # made by run(), on the loop that serves the viewers
         self._redis: Any = None
 
-    def subscribe(self, slug: str) -> asyncio.Queue[dict[str, Any]]:
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=VIEWER_QUEUE)
+    def subscribe(self, slug: str) -> asyncio.Queue[str]:
+        queue: asyncio.Queue[str] = asyncio.Queue(maxsize=VIEWER_QUEUE)
         self._subscribers[slug].add(queue)
         return queue
 
-    def unsubscribe(self, slug: str, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    def unsubscribe(self, slug: str, queue: asyncio.Queue[str]) -> None:
         self._subscribers[slug].discard(queue)
         if not self._subscribers[slug]:
             del self._subscribers[slug]
@@ -48,9 +80,15 @@ class LiveHub:
     def mark(self, slug: str) -> None:
         """The experiment's numbers changed (call on the event loop)."""
         if slug in self._subscribers:
-            self._dirty.add(slug)
+            self._dirty.pending.add(slug)
+            self._notify()
         if self.redis_url:
-            self._outbox.add(slug)
+            self._outbox.pending.add(slug)
+            self._notify()
+
+    def _notify(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
 
     def _mark_remote(self, raw: Any) -> None:
         try:
@@ -58,31 +96,41 @@ class LiveHub:
             if message.get("from") != self.instance:
                 for slug in message.get("slugs", [])[:1000]:
                     if isinstance(slug, str) and slug in self._subscribers:
-                        self._dirty.add(slug)
+                        self._dirty.pending.add(slug)
+                        self._notify()
         except (ValueError, AttributeError, TypeError):
             logger.warning("ignoring a malformed live message: %.200r", raw)
 
     async def run(self, snapshot: Snapshot) -> None:
         """Push a fresh snapshot to the viewers of every experiment that changed, here or elsewhere."""
+        loop = asyncio.get_running_loop()
+        self._wake = wake = asyncio.Event()
         listener = asyncio.create_task(self._listen()) if self.redis_url else None
         try:
             while True:
-                await asyncio.sleep(self.interval)
-                await self._publish()
-                dirty, self._dirty = self._dirty, set()
-                for slug in dirty:
-                    data = await snapshot(slug)
-                    if data is None:
-                        continue
-                    for queue in list(self._subscribers.get(slug, ())):
-                        if queue.full():  # a slow viewer skips a frame rather than holding everyone up
-                            queue.get_nowait()
-                        queue.put_nowait(data)
+                wake.clear()  # marks made while we publish and push below set it again
+                await self._publish(self._outbox.due(loop.time()))
+                for slug in self._dirty.due(loop.time()):
+                    await self._push(slug, snapshot)
+                turns = [t for t in (self._dirty.next_at(), self._outbox.next_at()) if t is not None]
+                delay = min(turns) - loop.time() if turns else None
+                if delay is None or delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), delay)
         finally:
             if listener is not None:
                 listener.cancel()
             if self._redis is not None:
                 await self._redis.aclose()
+
+    async def _push(self, slug: str, snapshot: Snapshot) -> None:
+        text = await snapshot(slug)
+        if text is None:
+            return
+        for queue in list(self._subscribers.get(slug, ())):
+            if queue.full():  # a slow viewer skips a frame rather than holding everyone up
+                queue.get_nowait()
+            queue.put_nowait(text)
 
     async def _connection(self) -> Any:
         if self._redis is None:
@@ -91,10 +139,9 @@ class LiveHub:
             self._redis = redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=5)
         return self._redis
 
-    async def _publish(self) -> None:
-        if not self._outbox:
+    async def _publish(self, slugs: list[str]) -> None:
+        if not slugs:
             return
-        slugs, self._outbox = sorted(self._outbox), set()
         try:
             connection = await self._connection()
             await connection.publish(self.channel, json.dumps({"from": self.instance, "slugs": slugs}))

@@ -117,13 +117,15 @@ async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
         count_websocket(app, "report", -1)
 
 
-def _snapshot(app: Any, slug: str) -> dict[str, Any] | None:
+def _snapshot(app: Any, slug: str) -> str | None:
+    """The experiment's dashboard snapshot as JSON text: encoded once, sent as is to every viewer."""
     with app.state.sessionmaker.begin() as session:
         try:
             experiment = experiments.get_visible(session, slug, None)
         except AppError:
             return None
-        return dashboard_snapshot(session, experiment, app)
+        data = dashboard_snapshot(session, experiment, app)
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
 @router.websocket("/ws/experiments/{slug}/live")
@@ -140,14 +142,14 @@ async def live(websocket: WebSocket, slug: str) -> None:
     # Viewers send nothing: any message, or the close, ends the subscription.
     receiver = asyncio.ensure_future(websocket.receive_text())
     try:
-        await websocket.send_json(first)
+        await websocket.send_text(first)
         while True:
             getter = asyncio.ensure_future(queue.get())
             done, _ = await asyncio.wait({receiver, getter}, return_when=asyncio.FIRST_COMPLETED)
             if receiver in done:
                 getter.cancel()
                 break
-            await websocket.send_json(getter.result())
+            await websocket.send_text(getter.result())
     except (WebSocketDisconnect, RuntimeError):
         pass
     finally:
@@ -158,5 +160,5 @@ async def live(websocket: WebSocket, slug: str) -> None:
             receiver.exception()  # retrieved, so asyncio does not log the viewer's disconnect as an error
 
 
-async def live_snapshot(app: Any, slug: str) -> dict[str, Any] | None:
+async def live_snapshot(app: Any, slug: str) -> str | None:
     return await run_in_threadpool(_snapshot, app, slug)
