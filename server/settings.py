@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     session_days: int = 14
     device_code_minutes: int = 10
     active_window_seconds: int = 30  # a worker that reported within this window counts as active
-    live_interval_seconds: float = 1.0  # dashboards get at most one push per interval per experiment
+    live_interval_seconds: float = Field(default=0.25, gt=0, le=60)  # at most one dashboard push per interval
     redis_url: str = ""  # redis://host:6379/0: live updates fan out and rate limits are shared across processes
     redis_channel: str = "swarmhub:live"  # pub/sub channel, rate-limit key prefix: one per deployment sharing a Redis
     metrics_token: str = ""  # when set, GET /metrics (Prometheus) needs "Authorization: Bearer <it>"
