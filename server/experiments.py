@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_va
 from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
-from swarmhub.worker import swarm_access
+from swarmhub.worker import swarm_tokens
 from swarmhub.worker.protocol import (
     SLUG_RE,
     ExperimentConfig,
@@ -229,7 +229,7 @@ def create(session: Session, owner: User, data: ExperimentCreate) -> Experiment:
     experiment = Experiment(
         owner_id=owner.id,
         status=ExperimentStatus.draft.value,
-        signing_key=swarm_access.new_signing_key_der(),
+        signing_key=swarm_tokens.new_signing_key_der(),
         invite_code=secrets.token_urlsafe(16),
         **data.model_dump(mode="json"),
     )
@@ -294,8 +294,8 @@ def swarm_token(
     if experiment.status != ExperimentStatus.running:
         raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
     try:
-        token = swarm_access.sign_token(
-            swarm_access.signing_key_from_text(experiment.signing_key),
+        token = swarm_tokens.sign_token(
+            swarm_tokens.signing_key_from_text(experiment.signing_key),
             run_id(experiment),
             user.username,
             peer_public_key.encode(),
@@ -303,11 +303,11 @@ def swarm_token(
         )
     except ValueError:
         raise BadRequest("peer_public_key is not an RSA public key", field="peer_public_key") from None
-    return SwarmToken(**swarm_access.token_to_wire(token))
+    return SwarmToken(**swarm_tokens.token_to_wire(token))
 
 
 def experiment_public_key(experiment: Experiment) -> str:
-    return swarm_access.public_key_text(swarm_access.signing_key_from_text(experiment.signing_key))
+    return swarm_tokens.public_key_text(swarm_tokens.signing_key_from_text(experiment.signing_key))
 
 
 def banned_usernames(session: Session, experiment: Experiment) -> list[str]:

@@ -2,20 +2,10 @@
 
 Each experiment has its own RSA-2048 signing key, kept by the server. When a volunteer joins, the server
 signs an access token that binds the experiment (its hivemind ``run_id``), the volunteer's username, the
-public key of their peer and an expiry. Every peer (workers and the server's own) checks the token of
-every DHT request and response with hivemind's token protocol (``TokenAuthorizerBase``: each request is
-signed by the sender's key, carries a fresh nonce and a timestamp within 60 s).
-
-The signed bytes are defined here, once, and never a language's repr::
-
-    swarmhub-access-token/v1
-    run_id=<run_id>
-    username=<username>
-    public_key=<the peer's RSA public key, OpenSSH text "ssh-rsa AAAA...">
-    expires=<UTC expiry, ISO 8601 "YYYY-MM-DDTHH:MM:SSZ">
-
-joined by ``\\n``, UTF-8, signed with RSA-PSS/SHA-256 (hivemind's ``RSAPrivateKey.sign``, base64 output).
-Usernames, run ids and the key text cannot contain a newline, so the encoding is unambiguous.
+public key of their peer and an expiry (the bytes and keys are defined in ``swarm_tokens``, which the server
+uses without loading hivemind; its names are re-exported here). Every peer (workers and the server's own)
+checks the token of every DHT request and response with hivemind's token protocol (``TokenAuthorizerBase``:
+each request is signed by the sender's key, carries a fresh nonce and a timestamp within 60 s).
 
 A peer's identity key is one RSA key per user and experiment, stored on the volunteer's machine in
 libp2p's key format: hivemind derives the peer ID from it, the token binds its public key, and the
@@ -25,7 +15,6 @@ peer's signed progress records use it too, so work in the swarm is attributable 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import os
 from collections.abc import Callable
@@ -33,66 +22,44 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import serialization
 from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.auth import TokenAuthorizerBase
-from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
+from hivemind.utils.crypto import RSAPrivateKey
+
+from . import swarm_tokens
+from .swarm_tokens import REFRESH_MARGIN as REFRESH_MARGIN
+from .swarm_tokens import TOKEN_VERSION as TOKEN_VERSION
+from .swarm_tokens import PublicKey as PublicKey
+from .swarm_tokens import Signer, TokenFields, Verifier
+from .swarm_tokens import SigningKey as SigningKey
+from .swarm_tokens import format_expiry as format_expiry
+from .swarm_tokens import new_signing_key_der as new_signing_key_der
+from .swarm_tokens import parse_expiry as parse_expiry
+from .swarm_tokens import peer_id_for_public_key as peer_id_for_public_key
+from .swarm_tokens import public_key_from_text as public_key_from_text
+from .swarm_tokens import public_key_text as public_key_text
+from .swarm_tokens import signing_key_from_text as signing_key_from_text
+from .swarm_tokens import token_payload as token_payload
+from .swarm_tokens import token_to_wire as token_to_wire
+from .swarm_tokens import verify_token as verify_token
 
 logger = logging.getLogger(__name__)
 
-TOKEN_VERSION = "swarmhub-access-token/v1"  # noqa: S105 - a format tag, not a secret
-REFRESH_MARGIN = timedelta(minutes=5)  # fetch a new token this long before the current one expires
+
+def to_access_token(token: TokenFields) -> AccessToken:
+    return AccessToken(
+        username=token.username,
+        public_key=token.public_key,
+        expiration_time=token.expiration_time,
+        signature=token.signature,
+    )
 
 
-def token_payload(run_id: str, username: str, public_key: bytes, expires: str) -> bytes:
-    fields = [TOKEN_VERSION, f"run_id={run_id}", f"username={username}", f"public_key={public_key.decode()}"]
-    for value in (run_id, username, public_key.decode(), expires):
-        if "\n" in value or "\r" in value:
-            raise ValueError("token fields cannot contain line breaks")
-    return "\n".join([*fields, f"expires={expires}"]).encode()
-
-
-def format_expiry(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_expiry(text: str) -> datetime | None:
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-    except ValueError:
-        return None
-
-
-def sign_token(
-    signing_key: RSAPrivateKey, run_id: str, username: str, public_key: bytes, lifetime: timedelta
-) -> AccessToken:
-    """The server's side: a token for one peer key, valid for ``lifetime``."""
-    RSAPublicKey.from_bytes(public_key)  # refuse anything that is not an RSA public key
-    expires = format_expiry(datetime.now(timezone.utc) + lifetime)
-    signature = signing_key.sign(token_payload(run_id, username, public_key, expires))
-    return AccessToken(username=username, public_key=public_key, expiration_time=expires, signature=signature)
-
-
-def verify_token(token: AccessToken, experiment_key: RSAPublicKey, run_id: str) -> bool:
-    expires = parse_expiry(token.expiration_time)
-    if expires is None or expires <= datetime.now(timezone.utc):
-        return False
-    try:
-        payload = token_payload(run_id, token.username, token.public_key, token.expiration_time)
-    except (ValueError, UnicodeDecodeError):
-        return False
-    return experiment_key.verify(payload, token.signature)
-
-
-def token_to_wire(token: AccessToken) -> dict[str, str]:
-    return {
-        "username": token.username,
-        "public_key": token.public_key.decode(),
-        "expiration_time": token.expiration_time,
-        "signature": token.signature.decode(),
-    }
+def sign_token(signing_key: Signer, run_id: str, username: str, public_key: bytes, lifetime: timedelta) -> AccessToken:
+    """``swarm_tokens.sign_token`` as the hivemind message that ``SwarmAuthorizer`` hands to its peers."""
+    return to_access_token(swarm_tokens.sign_token(signing_key, run_id, username, public_key, lifetime))
 
 
 def token_from_wire(data: dict[str, str]) -> AccessToken:
@@ -104,17 +71,13 @@ def token_from_wire(data: dict[str, str]) -> AccessToken:
     )
 
 
-# -- keys ----------------------------------------------------------------------------------------------
+# -- peer identities ---------------------------------------------------------------------------------------
 
 
 def private_key_from_der(der: bytes) -> RSAPrivateKey:
     key = RSAPrivateKey.__new__(RSAPrivateKey)
     key.__setstate__({"_private_key": der})  # hivemind's own (pickle) path for loading a DER key
     return key
-
-
-def public_key_text(key: RSAPrivateKey) -> str:
-    return key.get_public_key().to_bytes().decode()
 
 
 def load_or_create_identity(path: Path) -> RSAPrivateKey:
@@ -142,19 +105,6 @@ def use_as_process_key(key: RSAPrivateKey) -> None:
     """hivemind signs DHT records (the swarm's progress records among them) with its process-wide key:
     make that the peer's identity key, so that what it publishes is attributable to its token."""
     RSAPrivateKey._process_wide_key = key
-
-
-def new_signing_key_der() -> str:
-    """A fresh experiment signing key, as base64 DER text for the database."""
-    return base64.b64encode(RSAPrivateKey().to_bytes()).decode()
-
-
-def signing_key_from_text(text: str) -> RSAPrivateKey:
-    return private_key_from_der(base64.b64decode(text))
-
-
-def public_key_from_text(text: str) -> RSAPublicKey:
-    return RSAPublicKey.from_bytes(text.encode())
 
 
 DENY_POLL_SECONDS = 5.0  # with the roster cache this bounds how long a banned volunteer is still served
@@ -207,7 +157,7 @@ class SwarmAuthorizer(TokenAuthorizerBase):
     def __init__(
         self,
         local_key: RSAPrivateKey,
-        experiment_key: RSAPublicKey,
+        experiment_key: Verifier,
         run_id: str,
         fetch: Callable[[], AccessToken],
         first_token: AccessToken | None = None,
@@ -252,20 +202,6 @@ def roster_key(run_id: str) -> str:
     return f"{run_id}_roster"
 
 
-def peer_id_for_public_key(public_key: bytes) -> str:
-    """libp2p's peer ID of an RSA public key (OpenSSH text), as hivemind derives it for its identity."""
-    import hashlib
-
-    import multihash
-
-    der = serialization.load_ssh_public_key(public_key).public_bytes(
-        encoding=serialization.Encoding.DER, format=serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    encoded = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
-    digest = multihash.encode(hashlib.sha256(encoded).digest(), multihash.coerce_code("sha2-256"))
-    return PeerID(digest).to_base58()
-
-
 def record_owner(subkey: Any) -> bytes | None:
     """The public key (OpenSSH text) that signed a protected DHT record's subkey (``[owner:...]``), if any."""
     from hivemind.dht.crypto import RSASignatureValidator
@@ -297,7 +233,7 @@ def publish_roster_entry(dht: Any, run_id: str, token: AccessToken) -> bool:
 class RosterGuard:
     """Decides, in an averager process, whether a caller's peer ID holds a valid token."""
 
-    def __init__(self, experiment_key: RSAPublicKey, run_id: str, denied: DenyList | None = None):
+    def __init__(self, experiment_key: Verifier, run_id: str, denied: DenyList | None = None):
         self.experiment_key = experiment_key
         self.run_id = run_id
         self.denied = denied or DenyList()
@@ -353,7 +289,7 @@ class RosterGuard:
 _GUARD: RosterGuard | None = None
 
 
-def guard_averaging(experiment_key: RSAPublicKey, run_id: str, denied: DenyList | None = None) -> None:
+def guard_averaging(experiment_key: Verifier, run_id: str, denied: DenyList | None = None) -> None:
     """Make every hivemind averager created after this call (in this process and its children) refuse
     callers that are not on the run's roster. Call before creating ``hivemind.Optimizer``."""
     import functools
