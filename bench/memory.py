@@ -243,10 +243,9 @@ def run(mode: Mode, rounds: int, limit: int) -> int:
     report(results, rounds, mode, time.monotonic() - started)
     torch_mapped = c.median([r["torch_mapped"] for r in results])
     print(
-        "where the idle RSS goes: the server imports torch and hivemind even with the swarm off "
-        "(server/experiments.py imports swarmhub.worker.swarm_access at module level, which imports hivemind, which "
-        f"imports torch); their shared libraries alone hold {torch_mapped:.0f} MB of the server's RSS. A fresh "
-        f"Python holds {torch_mb:.0f} MB after `import torch, hivemind`, {web_mb:.0f} MB after the web stack alone"
+        f"torch's and hivemind's shared libraries in the server's RSS: {torch_mapped:.0f} MB (0 when the server "
+        f"imports neither, as it should: tests/test_server_imports.py). A fresh Python holds {torch_mb:.0f} MB "
+        f"after `import torch, hivemind`, {web_mb:.0f} MB after the web stack alone"
     )
     print(cleanup)
     print(load.line())

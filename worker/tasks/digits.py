@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import Task
+
+if TYPE_CHECKING:  # the server validates a task's parameters without torch; workers import it when they train
+    import torch
 
 
 class DigitsParams(BaseModel):
@@ -30,11 +31,14 @@ class DigitsTask(Task):
         return self.params.batch_size
 
     def build_model(self) -> torch.nn.Module:
+        import torch
+
         hidden = self.params.hidden_size
         return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
 
     @staticmethod
     def _data() -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
         from sklearn.datasets import load_digits
 
         digits = load_digits()
@@ -43,6 +47,9 @@ class DigitsTask(Task):
         return features, labels
 
     def batches(self, seed: int) -> Iterator[Any]:
+        import numpy as np
+        import torch
+
         features, labels = self._data()
         rng = np.random.default_rng(seed)
         size = self.params.batch_size
@@ -53,6 +60,8 @@ class DigitsTask(Task):
                 yield features[index], labels[index]
 
     def loss(self, model: torch.nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
+        import torch
+
         features, labels = batch
         logits = model(features.to(device))
         return torch.nn.functional.cross_entropy(logits, labels.to(device))
