@@ -208,8 +208,11 @@ def test_two_volunteers_train_together(tmp_path):
         assert sum(entry["share"] for entry in board) == pytest.approx(1.0, abs=1e-3)
 
         series = httpx.get(f"{url}/api/experiments/{SLUG}/metrics").json()["series"]
-        assert len(series) >= 4
+        # 10-second buckets (metrics.BUCKET_WIDTHS): a run of a few dozen seconds is a few points, loss falling
+        assert len(series) >= 2
+        assert [p["t"] for p in series] == sorted({p["t"] for p in series})
         assert series[-1]["loss"] < series[0]["loss"]
+        assert all(p["peers"] >= 1 for p in series)
 
         # Nothing the workers started outlives them; the server's swarm peer goes with the server.
         assert seen_children, "the workers should have started hivemind helper processes"
