@@ -146,7 +146,8 @@ def restart_step_count(opt: Any) -> None:
     is then one ahead, and its bias correction shrinks the first real updates (x0.74, x0.86, x0.91, ... of plain
     Adam's): ``bench/convergence.py`` measured the swarm behind a single process for that reason. Every new peer
     resets the counter here, before it trains or loads the swarm's state (which brings the swarm's counter along),
-    so a swarm follows the same trajectory as plain Adam (or AdamW) over the global batch.
+    so a swarm follows the same trajectory as plain Adam over the global batch (AdamW too, except that the
+    start's one weight decay, a factor 1 - lr * weight_decay on every parameter, stays).
     """
     inner = opt.state_averager.optimizer
     for state in inner.state.values():
