@@ -41,9 +41,10 @@ class DeviceTokenRequest(BaseModel):
 
 
 class LoginRequest(BaseModel):
-    username: str = Field(max_length=32)
+    # No NUL: PostgreSQL text cannot hold one, and no stored name has one (a 422, not a database error)
+    username: str = Field(max_length=32, pattern=r"^[^\x00]*$")
     password: str = Field(max_length=256)
-    token_name: str = Field(default="api", max_length=100)
+    token_name: str = Field(default="api", max_length=100, pattern=r"^[^\x00]*$")
 
 
 @router.post("/auth/device/code", response_model=DeviceCode, dependencies=[limited("token-issue")])
