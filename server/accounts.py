@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from . import security
 from .errors import Conflict, NotAuthenticated
 from .models import ApiToken, User, WebSession, utcnow
+from .security import StoredText
 
 USERNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{1,31}$")
 
@@ -26,6 +27,22 @@ class Signup(BaseModel):
         if not USERNAME_RE.match(value):
             raise ValueError("use 2-32 letters, digits, '-' or '_', starting with a letter or digit")
         return value
+
+
+class Login(BaseModel):
+    username: StoredText = Field(max_length=32)
+    password: str = Field(max_length=256)
+
+
+class TokenCreate(BaseModel):
+    name: StoredText = Field(min_length=1, max_length=100)
+
+
+def user_named(session: Session, username: str) -> User | None:
+    """The user called exactly ``username``, or None."""
+    if "\x00" in username:  # no stored name has one, and PostgreSQL refuses one even in a query
+        return None
+    return session.scalar(select(User).where(User.username == username))
 
 
 def create_user(session: Session, username: str, password: str, *, is_admin: bool | None = None) -> User:

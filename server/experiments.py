@@ -25,9 +25,10 @@ from swarmhub.worker.protocol import (
 )
 from swarmhub.worker.tasks import UnknownTask, get_task
 
-from .accounts import USERNAME_RE
+from .accounts import USERNAME_RE, user_named
 from .errors import BadRequest, Conflict, Forbidden, NotFound, Removed
 from .models import Experiment, ExperimentBan, ExperimentMember, User, WorkerRun
+from .security import StoredText
 
 # Which status an action moves an experiment to, and from which statuses it may.
 TRANSITIONS: dict[str, tuple[set[ExperimentStatus], ExperimentStatus]] = {
@@ -54,8 +55,8 @@ class JoinPolicy(str, Enum):
 
 
 class ExperimentFields(TrainingSettings):
-    title: str = Field(min_length=1, max_length=120)
-    description: str = Field(default="", max_length=5000)
+    title: StoredText = Field(min_length=1, max_length=120)
+    description: StoredText = Field(default="", max_length=5000)
     task_params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
     join_policy: JoinPolicy = JoinPolicy.open
     allowlist: list[str] = Field(default_factory=list, max_length=10_000)
@@ -199,9 +200,15 @@ def can_manage(experiment: Experiment, user: User | None) -> bool:
     return user is not None and (user.id == experiment.owner_id or user.is_admin)
 
 
+def _by_slug(session: Session, slug: str) -> Experiment | None:
+    if "\x00" in slug:  # no slug has one, and PostgreSQL refuses one even in a query
+        return None
+    return session.scalar(select(Experiment).where(Experiment.slug == slug))
+
+
 def get_visible(session: Session, slug: str, user: User | None) -> Experiment:
     """The experiment, or 404: drafts are invisible to everyone but their owner and admins."""
-    experiment = session.scalar(select(Experiment).where(Experiment.slug == slug))
+    experiment = _by_slug(session, slug)
     if experiment is None or not can_view(experiment, user):
         raise NotFound(f"no experiment {slug!r}")
     return experiment
@@ -329,7 +336,7 @@ def is_banned(session: Session, experiment: Experiment, user: User) -> bool:
 
 def ban(session: Session, experiment: Experiment, username: str) -> None:
     """Remove a volunteer: no more tokens from now on, and every peer refuses them once it polls."""
-    user = session.scalar(select(User).where(User.username == username))
+    user = user_named(session, username)
     if user is None:
         raise NotFound(f"no user {username!r}", field="username")
     if user.id == experiment.owner_id:
@@ -340,7 +347,7 @@ def ban(session: Session, experiment: Experiment, username: str) -> None:
 
 
 def unban(session: Session, experiment: Experiment, username: str) -> None:
-    user = session.scalar(select(User).where(User.username == username))
+    user = user_named(session, username)
     if user is not None:
         session.execute(
             delete(ExperimentBan).where(ExperimentBan.experiment_id == experiment.id, ExperimentBan.user_id == user.id)
@@ -367,8 +374,9 @@ def is_member(session: Session, experiment: Experiment, user: User) -> bool:
 
 def accept_invite(session: Session, slug: str, code: str, user: User) -> Experiment:
     """Whoever opens the invite link while signed in becomes a volunteer of the experiment."""
-    experiment = session.scalar(select(Experiment).where(Experiment.slug == slug))
-    if experiment is None or not secrets.compare_digest(experiment.invite_code, code):
+    experiment = _by_slug(session, slug)
+    # Compared as bytes: compare_digest raises TypeError on str with non-ASCII characters.
+    if experiment is None or not secrets.compare_digest(experiment.invite_code.encode(), code.encode()):
         raise NotFound("this invite link is not valid: ask the organizer for a new one")
     if not is_member(session, experiment, user):
         session.add(ExperimentMember(experiment_id=experiment.id, user_id=user.id))

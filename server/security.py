@@ -1,13 +1,15 @@
-"""Passwords (Argon2id), opaque tokens (stored as SHA-256 only) and CSRF comparison."""
+"""Passwords (Argon2id), opaque tokens (stored as SHA-256 only), CSRF comparison, and text we can store."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
+from typing import Annotated
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
+from pydantic import AfterValidator
 
 _hasher = PasswordHasher()  # argon2-cffi defaults are Argon2id with RFC 9106 low-memory parameters
 # A fixed hash to verify against when the user does not exist, so timing does not reveal usernames.
@@ -15,6 +17,19 @@ _DUMMY_HASH = _hasher.hash("swarmhub-dummy-password")
 
 API_TOKEN_PREFIX = "shb_"  # noqa: S105 - a public prefix, not a secret
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"  # RFC 8628 section 6.1: no vowels, no look-alikes
+
+
+def refuse_nul(value: str) -> str:
+    """Pydantic validator for text that reaches the database, as a value or as a lookup key."""
+    # PostgreSQL text cannot hold a NUL character: psycopg refuses it, which was a 500. SQLite would store it,
+    # and a name that differs from another by an invisible character is no name to trust, so both refuse it.
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    return value
+
+
+# Any text field of a request model that is stored or looked up: the 422 names the field.
+StoredText = Annotated[str, AfterValidator(refuse_nul)]
 
 
 def hash_password(password: str) -> str:
@@ -48,4 +63,5 @@ def normalize_user_code(code: str) -> str:
 
 
 def same(a: str | None, b: str | None) -> bool:
-    return bool(a) and bool(b) and hmac.compare_digest(str(a), str(b))
+    # Compared as bytes: compare_digest raises TypeError on str with non-ASCII characters (a forged form field).
+    return bool(a) and bool(b) and hmac.compare_digest(str(a).encode(), str(b).encode())

@@ -26,13 +26,14 @@ from .. import accounts, device, experiments, leases, metrics
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token
 from ..errors import Unavailable, documented
 from ..ratelimit import limited
+from ..security import StoredText
 from ..snapshots import base_url, metrics_public
 
 router = APIRouter(prefix="/api", tags=["api"], responses=documented(400, 401, 403, 404, 409, 429, 503))
 
 
 class DeviceCodeRequest(BaseModel):
-    client_name: str = Field(default="swarmhub CLI", max_length=100)
+    client_name: StoredText = Field(default="swarmhub CLI", max_length=100)
 
 
 class DeviceTokenRequest(BaseModel):
@@ -40,11 +41,15 @@ class DeviceTokenRequest(BaseModel):
     grant_type: str = "urn:ietf:params:oauth:grant-type:device_code"
 
 
-class LoginRequest(BaseModel):
-    # No NUL: PostgreSQL text cannot hold one, and no stored name has one (a 422, not a database error)
-    username: str = Field(max_length=32, pattern=r"^[^\x00]*$")
-    password: str = Field(max_length=256)
-    token_name: str = Field(default="api", max_length=100, pattern=r"^[^\x00]*$")
+class LoginRequest(accounts.Login):
+    token_name: StoredText = Field(default="api", max_length=100)
+
+
+class JoinBody(JoinRequest):
+    """The worker's join request; the device name is stored with the worker run."""
+
+    device: StoredText = Field(default="cpu", max_length=32)
+    client_version: StoredText = Field(default="", max_length=32)
 
 
 @router.post("/auth/device/code", response_model=DeviceCode, dependencies=[limited("token-issue")])
@@ -129,7 +134,7 @@ def _bootstrap_addresses(request: Request, run_id: str, timeout: float) -> list[
 
 @router.post("/experiments/{slug}/join", response_model=JoinResponse)
 def join(
-    slug: str, body: JoinRequest, session: DB, user: CurrentUser, settings: AppSettings, request: Request
+    slug: str, body: JoinBody, session: DB, user: CurrentUser, settings: AppSettings, request: Request
 ) -> JoinResponse:
     experiment = experiments.get_visible(session, slug, user)
     experiments.check_joinable(session, experiment, user)
@@ -171,7 +176,7 @@ def refresh_swarm_token(
 
 
 class BanRequest(BaseModel):
-    username: str = Field(min_length=1, max_length=32)
+    username: StoredText = Field(min_length=1, max_length=32)
 
 
 @router.post("/experiments/{slug}/bans", status_code=204)
@@ -183,7 +188,7 @@ def ban_volunteer(slug: str, body: BanRequest, session: DB, user: CurrentUser, r
 
 
 @router.delete("/experiments/{slug}/bans/{username}", status_code=204)
-def unban_volunteer(slug: str, username: str, session: DB, user: CurrentUser, request: Request) -> Response:
+def unban_volunteer(slug: str, username: StoredText, session: DB, user: CurrentUser, request: Request) -> Response:
     experiments.unban(session, experiments.get_managed(session, slug, user), username)
     request.app.state.reconcile_soon()
     return Response(status_code=204)

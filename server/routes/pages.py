@@ -175,7 +175,12 @@ async def login(request: Request, session: DB, settings: AppSettings, web: WebSe
     values = {"username": str(form.get("username", ""))}
     target = _safe_next(str(form.get("next", "/")))
     try:
-        user = accounts.authenticate(session, values["username"], str(form.get("password", "")))
+        credentials = accounts.Login(username=values["username"], password=str(form.get("password", "")))
+    except ValidationError as exc:
+        context = {"values": values, "errors": _errors(exc), "next": target}
+        return render(request, "login.html", context, web=web, status_code=422)
+    try:
+        user = accounts.authenticate(session, credentials.username, credentials.password)
     except AppError as exc:
         context = {"values": values, "errors": {"password": exc.message}, "next": target}
         return render(request, "login.html", context, web=web, status_code=401)
@@ -297,7 +302,12 @@ def account(request: Request, session: DB, user: RequiredPageUser, web: WebSess)
 @router.post("/account/tokens", dependencies=[CSRF, limited("token-issue")])
 async def create_token(request: Request, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
     form = await request.form()
-    value, _ = accounts.issue_token(session, user, str(form.get("name", "")).strip()[:100] or "token")
+    try:
+        named = accounts.TokenCreate(name=str(form.get("name", "")).strip()[:100] or "token")
+    except ValidationError as exc:
+        context = {"tokens": accounts.user_tokens(session, user), "new_token": None, "errors": _errors(exc)}
+        return render(request, "account.html", context, user=user, web=web, status_code=422)
+    value, _ = accounts.issue_token(session, user, named.name)
     context = {"tokens": accounts.user_tokens(session, user), "new_token": value}
     response = render(request, "account.html", context, user=user, web=web)
     response.headers["Cache-Control"] = "no-store"  # the token is shown once and must not be cached

@@ -44,7 +44,7 @@ def _authorize(app: Any, token: str | None, slug: str, worker_id: str) -> tuple[
             experiment = experiments.get_visible(session, slug, user)
         except AppError as exc:
             return exc
-        worker = session.get(WorkerRun, worker_id)
+        worker = session.get(WorkerRun, worker_id) if "\x00" not in worker_id else None  # PostgreSQL refuses NUL
         if worker is None or worker.user_id != user.id or worker.experiment_id != experiment.id:
             return Forbidden("unknown worker_id for this user and experiment: join again")
         return worker.id, experiment.slug
