@@ -1,0 +1,342 @@
+"""ALBERT masked-language modelling on the experiment's corpus: DeDLOC's ALBERT and sahajBERT workload.
+
+The model is ``transformers.AlbertForMaskedLM`` built from a size preset and the corpus's manifest (vocabulary,
+sequence length, special token ids); batches are the corpus's shards with BERT's masking applied on the fly;
+``export`` writes a folder that ``from_pretrained`` and ``AutoTokenizer`` load. The server imports this module to
+validate ``Params``: torch, transformers and tokenizers are imported inside the methods that use them.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from . import Task
+
+if TYPE_CHECKING:
+    import torch
+
+    from . import TaskData
+
+# Sizes: (hidden, layers, attention heads, feed-forward, embedding). base and large are ALBERT's own (Lan et al.,
+# 2019; DeDLOC trained albert-large); tiny trains on a CPU in seconds (tests); small is a laptop-sized model.
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 256,
+        "embedding_size": 32,
+    },
+    "small": {
+        "hidden_size": 256,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 4,
+        "intermediate_size": 1024,
+        "embedding_size": 128,
+    },
+    "base": {
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "embedding_size": 128,
+    },
+    "large": {
+        "hidden_size": 1024,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "intermediate_size": 4096,
+        "embedding_size": 128,
+    },
+}
+WEIGHT_DECAY = 0.01  # LAMB's recipe for BERT and ALBERT; none on biases and LayerNorm
+EVAL_SEED = 20_191_001  # fixed masking of the held-out set, so evaluations at different times compare
+EVAL_BATCH = 32
+IGNORE = -100  # the label torch's cross-entropy skips
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# BERT's split of the chosen positions: replaced by [MASK], by a random token, or left as they are.
+MASK_SHARE, RANDOM_SHARE = 0.8, 0.1
+
+
+class AlbertParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    size: Literal["tiny", "small", "base", "large"] = Field(
+        default="base",
+        description="Model size: tiny (2 layers, 64 wide: tests), small (6 layers, 256 wide), "
+        "base (ALBERT-base: 12 layers, 768 wide) or large (ALBERT-large: 24 layers, 1024 wide)",
+    )
+    batch_size: int = Field(default=8, ge=1, le=4096, description="Sequences per local step")
+    masking: Literal["whole-word", "token"] = Field(
+        default="whole-word",
+        description="What is masked: whole words (every piece of a word together) or single tokens",
+    )
+    mlm_probability: float = Field(
+        default=0.15, ge=0.01, le=0.5, description="Share of the tokens (or words) that the model must predict"
+    )
+    warmup_steps: int = Field(
+        default=100,
+        ge=0,
+        le=10_000_000,
+        description="Collaborative steps over which the learning rate rises to its value",
+    )
+    total_steps: int = Field(
+        default=10_000,
+        ge=1,
+        le=100_000_000,
+        description="Collaborative steps after which the learning rate has decayed linearly to zero",
+    )
+
+    @model_validator(mode="after")
+    def _decay_after_warmup(self) -> AlbertParams:
+        if self.total_steps <= self.warmup_steps:
+            raise ValueError(f"total_steps ({self.total_steps}) must be larger than warmup_steps ({self.warmup_steps})")
+        return self
+
+
+class CorpusNotAttached(RuntimeError):
+    """The task was used before :meth:`AlbertMLMTask.attach` gave it a corpus."""
+
+
+class AlbertMLMTask(Task):
+    name = "albert-mlm"
+    title = "ALBERT masked-language model (transformers) on the experiment's corpus"
+    Params = AlbertParams
+    params: AlbertParams
+    needs_corpus = True
+
+    def __init__(self, params: BaseModel | dict[str, Any] | None = None):
+        super().__init__(params)
+        self._vocab: _Vocabulary | None = None
+        self._eval: tuple[Any, Any, Any] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.params.batch_size
+
+    def attach(self, data: TaskData) -> None:
+        super().attach(data)
+        self._vocab = None
+        self._eval = None
+
+    def _corpus(self) -> TaskData:
+        if self.data is None:
+            raise CorpusNotAttached(
+                "The albert-mlm task needs the experiment's corpus: call attach(corpus) before building the model "
+                "or reading batches"
+            )
+        return self.data
+
+    # -- model -------------------------------------------------------------------------------------------------
+
+    def config(self) -> Any:
+        """The ``AlbertConfig`` of the preset, sized to the corpus's vocabulary and sequence length."""
+        from transformers import AlbertConfig
+
+        manifest = self._corpus().manifest
+        special = manifest["special_tokens"]
+        settings: dict[str, Any] = {
+            "vocab_size": int(manifest["vocab_size"]),
+            "max_position_embeddings": int(manifest["seq_length"]),  # the longest input the model trains on
+            **PRESETS[self.params.size],
+            # ALBERT v2 and DeDLOC train without dropout.
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+            "classifier_dropout_prob": 0.0,
+            "pad_token_id": special["pad"],
+            "bos_token_id": special["cls"],
+            "eos_token_id": special["sep"],
+            "mask_token_id": special["mask"],  # kept in config.json for readers of the export
+        }
+        return AlbertConfig(**settings)
+
+    def build_model(self) -> torch.nn.Module:
+        self._corpus()  # the clear error before the slow import
+        from transformers import AlbertForMaskedLM
+
+        return AlbertForMaskedLM(self.config())
+
+    def parameter_groups(self, model: torch.nn.Module) -> Iterable[Any]:
+        """Weight decay on weight matrices and embeddings; none on biases and LayerNorm (LAMB's recipe)."""
+        import torch
+
+        decay: list[torch.nn.Parameter] = []
+        no_decay: list[torch.nn.Parameter] = []
+        seen: set[int] = set()  # tied weights (the output layer shares the input embedding) appear once
+        for module in model.modules():
+            for name, param in module.named_parameters(recurse=False):
+                if id(param) in seen:
+                    continue
+                seen.add(id(param))
+                if isinstance(module, torch.nn.LayerNorm) or name == "bias":
+                    no_decay.append(param)
+                else:
+                    decay.append(param)
+        return [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}]
+
+    # -- data --------------------------------------------------------------------------------------------------
+
+    def _vocabulary(self) -> _Vocabulary:
+        if self._vocab is None:
+            corpus = self._corpus()
+            self._vocab = _Vocabulary.load(corpus.file("tokenizer.json"), corpus.manifest)
+        return self._vocab
+
+    def masked_batch(
+        self, sequences: np.ndarray, rng: np.random.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(input_ids, attention_mask, labels)`` for rows of token ids, with BERT's masking drawn from ``rng``.
+
+        In each row, ``mlm_probability`` of the maskable positions (not [PAD], [UNK], [CLS], [SEP] or [MASK]) are
+        chosen, at least one (rounded at random, so the share is right on average); with whole-word masking whole
+        words are chosen, a word being a token and the ``##`` pieces after it. Of the chosen positions 80% become
+        [MASK], 10% a random ordinary token and 10% stay; ``labels`` holds their original ids and -100 elsewhere.
+        """
+        import torch
+
+        ids = np.asarray(sequences, dtype=np.int64)
+        vocab = self._vocabulary()
+        maskable = ~vocab.special[ids]
+        if self.params.masking == "whole-word":
+            previous_maskable = np.zeros_like(maskable)
+            previous_maskable[:, 1:] = maskable[:, :-1]
+            # A piece that follows a maskable token continues its word; one after [CLS] or [SEP] starts one.
+            starts = maskable & ~(vocab.continuation[ids] & previous_maskable)
+        else:
+            starts = maskable
+        chosen_starts = _choose(starts, self.params.mlm_probability, rng)
+        # Every maskable token belongs to the word of the nearest start at or before it (same maskable run).
+        positions = np.arange(ids.shape[1])
+        word_start = np.maximum.accumulate(np.where(starts, positions, -1), axis=1)
+        chosen = maskable & np.take_along_axis(chosen_starts, np.maximum(word_start, 0), axis=1) & (word_start >= 0)
+
+        fate = rng.random(ids.shape)
+        inputs = ids.copy()
+        inputs[chosen & (fate < MASK_SHARE)] = vocab.mask_id
+        randomised = chosen & (fate >= MASK_SHARE) & (fate < MASK_SHARE + RANDOM_SHARE)
+        inputs[randomised] = rng.choice(vocab.ordinary, size=int(randomised.sum()))
+        labels = np.where(chosen, ids, IGNORE)
+        attention = (ids != vocab.pad_id).astype(np.int64)
+        return torch.from_numpy(inputs), torch.from_numpy(attention), torch.from_numpy(labels)
+
+    def batches(self, seed: int) -> Iterator[Any]:
+        from ..data import load_sequences
+
+        rng = np.random.default_rng(seed)
+        size = self.params.batch_size
+        left = np.zeros((0, int(self._corpus().manifest["seq_length"])), dtype=np.int32)
+        for shard in self._corpus().shards(seed):
+            rows = load_sequences(shard)
+            rows = np.concatenate([left, rows[rng.permutation(len(rows))]])
+            full = len(rows) - len(rows) % size
+            for start in range(0, full, size):
+                yield self.masked_batch(rows[start : start + size], rng)
+            left = rows[full:]  # carried into the next shard's first batch
+
+    def loss(self, model: torch.nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
+        input_ids, attention_mask, labels = (tensor.to(device) for tensor in batch)
+        return model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+
+    # -- schedule, evaluation, export --------------------------------------------------------------------------
+
+    def lr_schedule(self) -> Callable[[int], float]:
+        """Linear warm-up to the full rate over ``warmup_steps``, then linear decay to 0 at ``total_steps``.
+
+        The first collaborative step already trains (at ``1 / warmup_steps`` of the rate), and step
+        ``warmup_steps - 1`` reaches the full rate."""
+        warmup, total = self.params.warmup_steps, self.params.total_steps
+
+        def multiplier(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            return max(0.0, (total - step) / (total - warmup))
+
+        return multiplier
+
+    def _eval_batches(self) -> tuple[Any, Any, Any]:
+        if self._eval is None:
+            from ..data import load_sequences
+
+            sequences = load_sequences(self._corpus().file("eval.npy"))
+            self._eval = self.masked_batch(sequences, np.random.default_rng(EVAL_SEED))
+        return self._eval
+
+    def evaluate(self, model: torch.nn.Module, device: torch.device) -> float:
+        """The mean masked-token loss on the corpus's held-out sequences, with the same masked positions (and
+        replacements) every call."""
+        import torch
+
+        input_ids, attention_mask, labels = self._eval_batches()
+        was_training = model.training
+        model.eval()
+        total, count = 0.0, 0
+        try:
+            with torch.no_grad():
+                for start in range(0, len(input_ids), EVAL_BATCH):
+                    part = slice(start, start + EVAL_BATCH)
+                    batch_labels = labels[part].to(device)
+                    logits = model(
+                        input_ids=input_ids[part].to(device), attention_mask=attention_mask[part].to(device)
+                    ).logits
+                    # A sum over tokens, so batches with more masked tokens weigh more: the mean over all of them.
+                    total += float(
+                        torch.nn.functional.cross_entropy(
+                            logits.flatten(0, 1).float(), batch_labels.flatten(), ignore_index=IGNORE, reduction="sum"
+                        )
+                    )
+                    count += int((batch_labels != IGNORE).sum())
+        finally:
+            model.train(was_training)
+        return total / max(count, 1)
+
+    def export(self, model: torch.nn.Module, folder: Path) -> None:
+        """A transformers model folder (safetensors) with the corpus's tokenizer: ``AlbertForMaskedLM`` and
+        ``AutoTokenizer.from_pretrained(folder)`` load it, and ``pipeline("fill-mask", ...)`` runs on it."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(folder)  # type: ignore[operator]
+        corpus = self._corpus()
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(corpus.file(name), folder / name)
+
+
+def _choose(candidates: np.ndarray, probability: float, rng: np.random.Generator) -> np.ndarray:
+    """Per row, a random subset of the ``True`` positions: ``probability`` of them, rounded at random, at least
+    one where the row has any."""
+    available = candidates.sum(axis=1)
+    wanted = np.floor(available * probability + rng.random(len(available))).astype(np.int64)
+    wanted = np.clip(wanted, np.minimum(available, 1), available)
+    scores = np.where(candidates, rng.random(candidates.shape), np.inf)
+    rank = np.argsort(np.argsort(scores, axis=1), axis=1)  # each position's place in its row's random order
+    return rank < wanted[:, None]
+
+
+class _Vocabulary:
+    """What masking needs from the tokenizer: which ids are special, which are ``##`` pieces, and the ids a
+    random replacement may take."""
+
+    def __init__(self, model_size: int, special_ids: dict[str, int], pieces: dict[str, int], prefix: str):
+        size = max(model_size, max(pieces.values(), default=-1) + 1)
+        self.pad_id = int(special_ids["pad"])
+        self.mask_id = int(special_ids["mask"])
+        self.special = np.zeros(size, dtype=bool)
+        self.special[[int(i) for i in special_ids.values()]] = True
+        self.continuation = np.zeros(size, dtype=bool)
+        for token, index in pieces.items():
+            if token.startswith(prefix):
+                self.continuation[index] = True
+        self.ordinary = np.flatnonzero(~self.special[:model_size])  # ids the model's output layer has
+
+    @classmethod
+    def load(cls, tokenizer_json: Path, manifest: dict[str, Any]) -> _Vocabulary:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(tokenizer_json))
+        prefix = getattr(tokenizer.model, "continuing_subword_prefix", None) or "##"
+        return cls(int(manifest["vocab_size"]), manifest["special_tokens"], tokenizer.get_vocab(), prefix)
