@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import math
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Annotated, Any, NamedTuple
 
-from pydantic import BaseModel, Field
-from sqlalchemy import func, select
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from sqlalchemy import Select, func, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -15,7 +16,9 @@ from sqlalchemy.orm import Session
 from swarmhub.worker.protocol import MetricReport
 
 from . import contributions
+from .errors import BadRequest
 from .models import Experiment, ExperimentTotal, MetricBucket, MetricPoint, User, VolunteerTotal, WorkerRun, utcnow
+from .security import StoredText
 
 SERIES_POINTS = 300  # at most this many buckets per series
 # The series' resolutions in seconds, finest first: 300 buckets show 50 minutes, or 25 hours.
@@ -193,6 +196,76 @@ def device_class(device: str) -> str:
     return device.split(":", 1)[0].lower() or "cpu"
 
 
+class Cursor(NamedTuple):
+    """Where a leaderboard page ended (its last row's rank and sort key): the next page is the rows after it.
+    Clients get it as opaque text (base64 of the JSON array) and only hand it back."""
+
+    rank: Annotated[int, Field(ge=1, le=2**62)]
+    verified: Annotated[int, Field(ge=0, le=2**62)]
+    claimed: Annotated[int, Field(ge=0, le=2**62)]
+    sort_name: Annotated[StoredText, Field(max_length=32)]
+    user_id: Annotated[int, Field(ge=0, le=2**62)]
+
+    def encode(self) -> str:
+        return base64.urlsafe_b64encode(_CURSOR.dump_json(self)).decode().rstrip("=")
+
+    @staticmethod
+    def decode(text: str) -> Cursor:
+        """The cursor a page returned; a 400 naming ``cursor`` for anything else."""
+        try:
+            return _CURSOR.validate_json(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        except (ValueError, ValidationError):  # a base64 error is a ValueError
+            raise BadRequest("not a cursor this leaderboard returned", field="cursor") from None
+
+    @staticmethod
+    def of(rank: int, row: VolunteerTotal) -> Cursor:
+        return Cursor(rank, row.verified_samples, row.claimed_samples, row.sort_name, row.user_id)
+
+
+_CURSOR = TypeAdapter(Cursor)
+
+
+class LeaderboardPage(BaseModel):
+    entries: list[LeaderboardEntry]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last page")
+
+
+def _ranked(experiment: Experiment) -> Select[tuple[VolunteerTotal]]:
+    # The order of ix_volunteer_totals_rank, so that a page is an index range that stops at the page.
+    return (
+        select(VolunteerTotal)
+        .where(VolunteerTotal.experiment_id == experiment.id)
+        .order_by(
+            VolunteerTotal.verified_samples.desc(),
+            VolunteerTotal.claimed_samples.desc(),
+            VolunteerTotal.sort_name,
+            VolunteerTotal.user_id,
+        )
+    )
+
+
+def _rows_after(session: Session, experiment: Experiment, after: Cursor, limit: int) -> list[VolunteerTotal]:
+    """The ``limit`` rows after ``after`` in the board's order. The order mixes descending totals with
+    ascending names, so "after" is no single index range; it is three, read in turn until the page is full:
+    the same totals and a later name, the same verified samples and fewer claimed, then fewer verified."""
+    total = VolunteerTotal
+    ranges = [
+        (
+            total.verified_samples == after.verified,
+            total.claimed_samples == after.claimed,
+            tuple_(total.sort_name, total.user_id) > tuple_(after.sort_name, after.user_id),
+        ),
+        (total.verified_samples == after.verified, total.claimed_samples < after.claimed),
+        (total.verified_samples < after.verified,),
+    ]
+    rows: list[VolunteerTotal] = []
+    for condition in ranges:
+        rows += session.scalars(_ranked(experiment).where(*condition).limit(limit - len(rows)))
+        if len(rows) == limit:
+            break
+    return rows
+
+
 def leaderboard(
     session: Session,
     experiment: Experiment,
@@ -202,24 +275,38 @@ def leaderboard(
     limit: int = LEADERBOARD_LIMIT,
     offset: int = 0,
 ) -> list[LeaderboardEntry]:
+    """One page of the volunteers (see :func:`leaderboard_page`), by offset."""
+    return leaderboard_page(
+        session, experiment, window_seconds, with_flags=with_flags, limit=limit, offset=offset
+    ).entries
+
+
+def leaderboard_page(
+    session: Session,
+    experiment: Experiment,
+    window_seconds: int,
+    *,
+    with_flags: bool = False,
+    limit: int = LEADERBOARD_LIMIT,
+    offset: int = 0,
+    after: Cursor | None = None,
+) -> LeaderboardPage:
     """One page of the volunteers by verified samples (then claimed, then name), with what they claimed beside
     it; ``rank`` is the place on the whole board. ``with_flags`` adds the organizer's view of implausible
     claims. Reads the running totals (``VolunteerTotal``) through their ranking index: the cost is the page's,
-    not the number of volunteers or reports."""
+    not the number of volunteers or reports, when the page starts ``after`` a cursor; an ``offset`` walks the
+    index up to the page. The page's cursor leads to the next page."""
     since = _active_since(window_seconds)
-    page = list(
-        session.scalars(
-            select(VolunteerTotal)
-            .where(VolunteerTotal.experiment_id == experiment.id)
-            .order_by(
-                VolunteerTotal.verified_samples.desc(), VolunteerTotal.claimed_samples.desc(), VolunteerTotal.sort_name
-            )
-            .limit(limit)
-            .offset(offset)
-        )
-    )
+    if after is not None:
+        page = _rows_after(session, experiment, after, limit + 1)
+        first_rank = after.rank + 1
+    else:
+        page = list(session.scalars(_ranked(experiment).limit(limit + 1).offset(offset)))
+        first_rank = offset + 1
+    more, page = len(page) > limit, page[:limit]
     if not page:
-        return []
+        return LeaderboardPage(entries=[], next_cursor=None)
+    next_cursor = Cursor.of(first_rank + len(page) - 1, page[-1]).encode() if more else None
     ids = [row.user_id for row in page]
     names = dict(session.execute(select(User.id, User.username).where(User.id.in_(ids))).tuples().all())
     # A rate is a worker's while it reports: the sum over the volunteer's runs seen within the window.
@@ -238,7 +325,7 @@ def leaderboard(
     total_verified = totals.verified_samples if totals is not None else 0
     fastest_signed = dict(totals.signed_peaks) if totals is not None else {}
     board = []
-    for rank, row in enumerate(page, start=offset + 1):
+    for rank, row in enumerate(page, start=first_rank):
         seen = [t for t in (row.last_report_at, row.last_signed_at) if t is not None]
         last_seen = max(seen) if seen else None
         board.append(
@@ -256,7 +343,7 @@ def leaderboard(
                 flags=_flags(experiment, row, fastest_signed) if with_flags else None,
             )
         )
-    return board
+    return LeaderboardPage(entries=board, next_cursor=next_cursor)
 
 
 def _flags(experiment: Experiment, row: VolunteerTotal, fastest_signed: dict[str, float]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 from typing import Annotated
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -24,7 +25,7 @@ from swarmhub.worker.protocol import (
 
 from .. import accounts, device, experiments, leases, metrics
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token
-from ..errors import Unavailable, documented
+from ..errors import BadRequest, Unavailable, documented
 from ..ratelimit import limited
 from ..security import StoredText
 from ..snapshots import base_url, metrics_public
@@ -201,21 +202,51 @@ def denylist(slug: str, session: DB, user: CurrentUser) -> DenyListPublic:
     return DenyListPublic(usernames=experiments.banned_usernames(session, experiment))
 
 
-@router.get("/experiments/{slug}/leaderboard", response_model=list[metrics.LeaderboardEntry])
+@router.get(
+    "/experiments/{slug}/leaderboard",
+    response_model=list[metrics.LeaderboardEntry],
+    responses={
+        200: {
+            "headers": {
+                "Next-Cursor": {"description": "Pass as ?cursor= for the next page; absent on the last page"},
+                "Link": {"description": 'The next page\'s address, rel="next" (RFC 8288); absent on the last page'},
+            }
+        }
+    },
+)
 def leaderboard(
     slug: str,
     session: DB,
     user: OptionalUser,
     settings: AppSettings,
+    request: Request,
+    response: Response,
     limit: Annotated[int, Query(ge=1, le=metrics.LEADERBOARD_MAX_LIMIT)] = metrics.LEADERBOARD_LIMIT,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+    cursor: Annotated[str | None, Query(max_length=200, description="The Next-Cursor of the previous page")] = None,
 ) -> list[metrics.LeaderboardEntry]:
-    """One page of the leaderboard; ``rank`` is the place on the whole board."""
+    """One page of the leaderboard; ``rank`` is the place on the whole board. Page on with the ``Next-Cursor``
+    header (a page's cost stays the page's however deep); ``offset`` still works, at a cost that grows with it."""
+    after = metrics.Cursor.decode(cursor) if cursor is not None else None
+    if after is not None and offset:
+        raise BadRequest("give cursor or offset, not both", field="offset")
     experiment = experiments.get_visible(session, slug, user)
     with_flags = user is not None and experiments.can_manage(experiment, user)
-    return metrics.leaderboard(
-        session, experiment, settings.active_window_seconds, with_flags=with_flags, limit=limit, offset=offset
+    page = metrics.leaderboard_page(
+        session,
+        experiment,
+        settings.active_window_seconds,
+        with_flags=with_flags,
+        limit=limit,
+        offset=offset,
+        after=after,
     )
+    if page.next_cursor is not None:
+        # A header, not a field: the body stays the list that dashboards and scripts already read.
+        response.headers["Next-Cursor"] = page.next_cursor
+        query = urlencode({"limit": limit, "cursor": page.next_cursor})
+        response.headers["Link"] = f'<{request.url.path}?{query}>; rel="next"'
+    return page.entries
 
 
 @router.get("/experiments/{slug}/metrics", response_model=metrics.MetricsPublic)
