@@ -17,17 +17,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import contributions, experiments, leases, observability
+from . import contributions, experiments, leases, observability, training_data
 from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
 from .live import LiveHub
-from .models import utcnow
+from .models import Corpus, Experiment, utcnow
 from .ratelimit import make_limiter
-from .routes import api, pages, probe, ws
+from .routes import api, data, pages, probe, ws
 from .settings import Settings
 from .swarm import SwarmHost
 from .views import render_error
@@ -109,16 +110,49 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     e.signing_key,
                     experiments.banned_usernames(session, e),
                     experiments.to_config(e).model_dump(mode="json") if e.aux_peer else None,
+                    keeper_config(session, e),
                 )
                 for run_id, e in running.items()
                 if run_id in held
             }
 
+    def keeper_config(session: Session, experiment: Experiment) -> dict[str, Any] | None:
+        """What the checkpoint peer needs, for a task that keeps checkpoints."""
+        if not experiments.keeps_checkpoints(experiment):
+            return None
+        corpus = session.get(Corpus, experiment.id)
+        return {
+            "experiment": experiments.to_config(experiment).model_dump(mode="json"),
+            "corpus": str(training_data.corpus_folder(settings, corpus)) if corpus is not None else None,
+            "interval_seconds": experiment.checkpoint_minutes * 60,
+        }
+
+    def record_checkpoint(run_id: str, event: dict[str, Any]) -> None:
+        """The checkpoint peer saved the swarm's model: list it (and prune the oldest files)."""
+        with app.state.sessionmaker.begin() as session:
+            experiment = experiments.by_run_id(session, run_id)
+            if experiment is None:
+                return
+            loss = event.get("eval_loss")
+            training_data.record_checkpoint(
+                session,
+                settings,
+                experiment,
+                int(event["epoch"]),
+                float(loss) if isinstance(loss, int | float) else None,
+                str(event["folder"]),
+            )
+            slug = experiment.slug
+        loop = app.state.loop
+        if loop is not None:
+            loop.call_soon_threadsafe(live.mark, slug)
+
     def publish_hosted() -> None:
         """Tell the other processes (and joins anywhere) where this process's bootstrap peers listen."""
         with app.state.sessionmaker.begin() as session:
             for run_id in swarm.hosted():
-                maddrs = swarm.maddrs(run_id)
+                # Not before the checkpoint peer is in: the first volunteer would otherwise start from scratch.
+                maddrs = swarm.maddrs(run_id) if not swarm.keeper_pending(run_id) else []
                 if maddrs:
                     leases.publish(session, run_id, instance, maddrs, swarm.swarm_peers(run_id))
 
@@ -138,6 +172,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             loop.call_soon_threadsafe(live.mark, slug)
 
     swarm.on_progress = record_progress
+    swarm.on_checkpoint = record_checkpoint
     swarm.on_ready = lambda run_id: app.state.reconcile_soon()  # publish its addresses without waiting
 
     async def reconcile_forever() -> None:
@@ -200,6 +235,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     else:
         logger.warning("uPlot is not installed (run `make setup` or `npm ci --prefix web`): charts are off")
     app.include_router(api.router)
+    app.include_router(data.router)
     app.include_router(probe.router)
     app.include_router(ws.router)
     app.include_router(pages.router)

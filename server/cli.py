@@ -20,7 +20,7 @@ import click
 import httpx
 from pydantic import ValidationError
 
-from . import accounts, experiments
+from . import accounts, corpus, experiments, training_data
 from .db import make_engine, make_sessionmaker, migrate
 from .errors import AppError
 from .models import User
@@ -85,25 +85,56 @@ def run_admin(username: str, password_stdin: bool) -> None:
         engine.dispose()
 
 
-DEMO_SLUG = "demo-digits"
+DEMO_SLUG = "demo-albert"
+DEMO_EXPERIMENTS = ("demo-albert", "demo-digits")
+DEMO_TEXT_BYTES = 2_000_000  # of the standard library's docstrings: a tokenizer and shards in seconds
 
 
-def _seed_demo(database_url: str) -> tuple[str, list[str]]:
-    """A demo organizer, two volunteers with tokens and a running experiment. Returns the organizer's
-    password and the volunteers' tokens."""
-    engine = make_engine(database_url)
+def _seed_demo(settings: Settings) -> tuple[str, list[str]]:
+    """A demo organizer, two volunteers with tokens and two running experiments: the paper's workload (a tiny
+    ALBERT pretrained on the Python standard library's docstrings, with a tokenizer trained on them) and
+    handwritten digits. Returns the organizer's password and the volunteers' tokens."""
+    engine = make_engine(settings.database_url)
     migrate(engine)
     password = secrets.token_urlsafe(9)
     tokens = []
+    text = corpus.builtin_text("python-docstrings", max_bytes=DEMO_TEXT_BYTES)
     with make_sessionmaker(engine).begin() as session:
         organizer = accounts.create_user(session, "organizer", password, is_admin=True)
-        experiment = experiments.create(
+        albert = experiments.create(
             session,
             organizer,
             experiments.ExperimentCreate(
-                slug=DEMO_SLUG,
+                slug="demo-albert",
+                title="Demo: ALBERT on Python's docstrings",
+                description="Two local volunteers pretrain a tiny ALBERT masked language model (DeDLOC's workload) "
+                "on the Python standard library's docstrings, with a tokenizer the server trained on them.",
+                task="albert-mlm",
+                task_params={"size": "tiny", "batch_size": 16, "warmup_steps": 20, "total_steps": 5000},
+                optimizer="lamb",
+                learning_rate=0.01,
+                target_batch_size=512,
+                matchmaking_time=2.0,
+                averaging_timeout=30.0,
+                checkpoint_minutes=1.0,
+            ),
+        )
+        training_data.attach(
+            session,
+            settings,
+            albert,
+            text,
+            "builtin:python-docstrings",
+            training_data.CorpusOptions(vocab_size=4000, seq_length=64),
+        )
+        experiments.change_status(session, albert, "start")
+        digits = experiments.create(
+            session,
+            organizer,
+            experiments.ExperimentCreate(
+                slug="demo-digits",
                 title="Demo: handwritten digits",
-                description="Two local volunteers train a small MLP on scikit-learn's digits together.",
+                description="A small MLP on scikit-learn's digits: `swarmhub demo --experiment demo-digits`.",
                 task="digits",
                 task_params={"hidden_size": 64, "batch_size": 64},
                 learning_rate=0.003,
@@ -112,7 +143,7 @@ def _seed_demo(database_url: str) -> tuple[str, list[str]]:
                 averaging_timeout=30.0,
             ),
         )
-        experiments.change_status(session, experiment, "start")
+        experiments.change_status(session, digits, "start")
         for name in ("volunteer-1", "volunteer-2"):
             user = accounts.create_user(session, name, secrets.token_urlsafe(12))
             tokens.append(accounts.issue_token(session, user, "demo worker")[0])
@@ -147,13 +178,14 @@ def _stop(processes: list[subprocess.Popen[bytes]], timeout: float = 30) -> None
             process.wait()
 
 
-def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2) -> None:
-    """Server + demo experiment + local workers, until Ctrl-C; then everything stops."""
+def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2, experiment: str = DEMO_SLUG) -> None:
+    """Server + demo experiments + local workers training ``experiment``, until Ctrl-C; then everything stops."""
     demo_dir = Path.cwd() / ".swarmhub-demo"
     shutil.rmtree(demo_dir, ignore_errors=True)
     (demo_dir / "logs").mkdir(parents=True)
     database_url = f"sqlite:///{demo_dir / 'swarmhub.db'}"
-    password, tokens = _seed_demo(database_url)
+    click.echo("Preparing the demo: training a tokenizer on the Python standard library's docstrings…")
+    password, tokens = _seed_demo(Settings(data_dir=demo_dir, database_url=database_url))
     url = f"http://{host}:{port}"
     env = {**os.environ, "SWARMHUB_DATA_DIR": str(demo_dir), "SWARMHUB_DATABASE_URL": database_url}
     exe = [sys.executable, "-m", "swarmhub.worker.cli"]
@@ -174,14 +206,14 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2) -> Non
             log = open(demo_dir / "logs" / f"worker-{index + 1}.log", "wb")  # noqa: SIM115 - lives as long as the worker
             processes.append(
                 subprocess.Popen(
-                    [*exe, "join", DEMO_SLUG, "--listen", f"/ip4/{host}/tcp/0"],
+                    [*exe, "join", experiment, "--listen", f"/ip4/{host}/tcp/0"],
                     env=worker_env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )
             )
         click.echo("")
-        click.echo(f"  Dashboard:  {url}/experiments/{DEMO_SLUG}")
+        click.echo(f"  Dashboard:  {url}/experiments/{experiment}")
         click.echo(f"  Organizer:  log in at {url}/login as 'organizer' with password {password}")
         click.echo(f"  Workers:    {workers} local volunteers training; logs in {demo_dir / 'logs'}")
         click.echo("  Press Ctrl-C to stop everything.")

@@ -27,7 +27,7 @@ from swarmhub.worker.tasks import UnknownTask, get_task
 
 from .accounts import USERNAME_RE, user_named
 from .errors import BadRequest, Conflict, Forbidden, NotFound, Removed
-from .models import Experiment, ExperimentBan, ExperimentMember, User, WorkerRun
+from .models import Corpus, Experiment, ExperimentBan, ExperimentMember, User, WorkerRun
 from .security import StoredText
 
 # Which status an action moves an experiment to, and from which statuses it may.
@@ -62,6 +62,13 @@ class ExperimentFields(TrainingSettings):
     allowlist: list[str] = Field(default_factory=list, max_length=10_000)
     aux_peer: bool = Field(
         default=False, description="The server runs an auxiliary peer that helps average (no gradients of its own)"
+    )
+    checkpoint_minutes: float = Field(
+        default=10.0,
+        ge=0.1,
+        le=10_080,
+        description="How often the server saves the swarm's model and measures its held-out loss "
+        "(tasks that keep checkpoints)",
     )
 
     @field_validator("allowlist", mode="before")
@@ -127,6 +134,7 @@ class ExperimentUpdate(BaseModel):
     averaging_timeout: float | None = None
     overlap: Overlap | None = None
     aux_peer: bool | None = None
+    checkpoint_minutes: float | None = None
     join_policy: JoinPolicy | None = None
     allowlist: list[str] | str | None = None
 
@@ -140,6 +148,7 @@ class ExperimentPublic(ExperimentSummary):
     averaging_timeout: float
     overlap: Overlap
     aux_peer: bool
+    checkpoint_minutes: float
     join_policy: JoinPolicy
     updated_at: datetime
 
@@ -164,6 +173,7 @@ def to_public(experiment: Experiment) -> ExperimentPublic:
         averaging_timeout=experiment.averaging_timeout,
         overlap=Overlap(experiment.overlap),
         aux_peer=experiment.aux_peer,
+        checkpoint_minutes=experiment.checkpoint_minutes,
         join_policy=JoinPolicy(experiment.join_policy),
         created_at=experiment.created_at,
         updated_at=experiment.updated_at,
@@ -176,6 +186,22 @@ def to_config(experiment: Experiment) -> ExperimentConfig:
         title=experiment.title,
         **{name: getattr(experiment, name) for name in TRAINING_FIELDS},
     )
+
+
+def needs_corpus(experiment: Experiment) -> bool:
+    """Whether the experiment's task trains on a corpus the server serves (False for a task not installed here)."""
+    try:
+        return get_task(experiment.task).needs_corpus
+    except UnknownTask:
+        return False
+
+
+def keeps_checkpoints(experiment: Experiment) -> bool:
+    """Whether the server runs a checkpoint peer for the experiment's task."""
+    try:
+        return get_task(experiment.task).keeps_checkpoints
+    except UnknownTask:
+        return False
 
 
 def run_id(experiment: Experiment) -> str:
@@ -252,7 +278,15 @@ def update(session: Session, experiment: Experiment, data: ExperimentUpdate) -> 
         raise Conflict("a finished experiment cannot be edited")
     merged = {
         name: getattr(experiment, name)
-        for name in ("title", "description", "join_policy", "allowlist", "aux_peer", *TRAINING_FIELDS)
+        for name in (
+            "title",
+            "description",
+            "join_policy",
+            "allowlist",
+            "aux_peer",
+            "checkpoint_minutes",
+            *TRAINING_FIELDS,
+        )
     }
     merged.update({k: v for k, v in changes.items() if v is not None})
     if "task" in changes and "task_params" not in changes:
@@ -273,6 +307,12 @@ def change_status(session: Session, experiment: Experiment, action: str) -> Expe
     allowed_from, target = TRANSITIONS[action]
     if ExperimentStatus(experiment.status) not in allowed_from:
         raise Conflict(f"cannot {action} an experiment that is {experiment.status}", field="action")
+    if target == ExperimentStatus.running and needs_corpus(experiment):
+        if session.get(Corpus, experiment.id) is None:
+            raise Conflict(
+                f"the task {experiment.task!r} trains on a corpus: give the experiment its training text first",
+                field="corpus",
+            )
     experiment.status = target.value
     session.flush()
     return experiment

@@ -137,6 +137,8 @@ class Experiment(Base):
     averaging_timeout: Mapped[float] = mapped_column(Float)
     overlap: Mapped[str] = mapped_column(String(32), default="none")
     aux_peer: Mapped[bool] = mapped_column(Boolean, default=False)  # the server runs an auxiliary peer
+    # How often the server's checkpoint peer saves the swarm's model (tasks that keep checkpoints)
+    checkpoint_minutes: Mapped[float] = mapped_column(Float, default=10.0, server_default=text("10"))
     # The experiment's swarm token signing key (base64 DER). It never leaves the server.
     signing_key: Mapped[str] = mapped_column(Text)
     join_policy: Mapped[str] = mapped_column(String(16), default="open")  # open / invite / allowlist
@@ -337,3 +339,39 @@ class MetricBucket(Base):
     # What the runs' sample counts grew by: each accepted report's count minus its run's previous one.
     samples: Mapped[int] = mapped_column(BigInteger, default=0)
     peers: Mapped[int] = mapped_column(Integer, default=0)  # worker runs with a stored report in the bucket
+
+
+class Corpus(Base):
+    """An experiment's training text, prepared by the server (``corpus.prepare``): a tokenizer and token shards in
+    ``data_dir/corpora/<folder>``, served to its workers. ``next_shard`` hands the shards out in turn."""
+
+    __tablename__ = "corpora"
+
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)
+    folder: Mapped[str] = mapped_column(String(100))
+    source: Mapped[str] = mapped_column(String(300))  # "upload:NAME", "builtin:NAME" or "server:NAME"
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    text_sha256: Mapped[str] = mapped_column(String(64))
+    vocab_size: Mapped[int] = mapped_column(Integer)
+    seq_length: Mapped[int] = mapped_column(Integer)
+    shards: Mapped[int] = mapped_column(Integer)
+    train_sequences: Mapped[int] = mapped_column(BigInteger)
+    eval_sequences: Mapped[int] = mapped_column(Integer)
+    next_shard: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Checkpoint(Base):
+    """A model the server's checkpoint peer pulled from the swarm at one collaborative step, with its held-out
+    loss; the files (for download and for resuming an emptied swarm) are in ``data_dir/checkpoints/<folder>``."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("experiment_id", "epoch"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    eval_loss: Mapped[float | None] = mapped_column(Float)
+    folder: Mapped[str] = mapped_column(String(200))
+    kept: Mapped[bool] = mapped_column(Boolean, default=True)  # False once its files were pruned
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

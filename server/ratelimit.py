@@ -34,6 +34,7 @@ LIMITS = {
     "signup": (10, 600.0),
     "device-entry": (20, 60.0),
     "token-issue": (30, 600.0),
+    "corpus": (20, 600.0),  # each upload trains a tokenizer: CPU-heavy
 }
 RETRY_SECONDS = 5.0  # how long a process counts alone after Redis failed to answer
 REDIS_TIMEOUT = 0.5  # seconds: a stalled Redis must not stall every log-in for long

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from sqlalchemy.orm import Session
 
-from . import experiments, leases, metrics
+from . import experiments, leases, metrics, training_data
 from .models import Experiment
 from .settings import Settings
 
@@ -31,8 +31,11 @@ def metrics_public(session: Session, experiment: Experiment, app: FastAPI) -> me
 def dashboard_snapshot(session: Session, experiment: Experiment, app: FastAPI) -> dict[str, Any]:
     settings: Settings = app.state.settings
     board = metrics.leaderboard(session, experiment, settings.active_window_seconds, limit=DASHBOARD_ROWS)
-    return {
+    snapshot = {
         "type": "snapshot",
         "metrics": metrics_public(session, experiment, app).model_dump(mode="json"),
         "leaderboard": [entry.model_dump(mode="json") for entry in board],
     }
+    if experiments.keeps_checkpoints(experiment):
+        snapshot["checkpoints"] = [c.model_dump(mode="json") for c in training_data.checkpoints(session, experiment)]
+    return snapshot

@@ -32,6 +32,7 @@ from .contributions import MONITOR_SECONDS
 from .settings import tcp_maddr
 
 logger = logging.getLogger("swarmhub.swarm")
+KEEPER_WAIT_SECONDS = 180.0  # joins wait this long at most for a starting checkpoint peer
 
 
 @dataclass
@@ -64,11 +65,16 @@ class SwarmHost:
         self._peers: dict[str, Peer] = {}
         self._aux: dict[str, subprocess.Popen[str]] = {}  # run_id -> the server's auxiliary peer, when asked for
         self._aux_ports: dict[str, int] = {}
+        self._keepers: dict[str, subprocess.Popen[str]] = {}  # run_id -> the checkpoint peer, for tasks that keep them
+        self._keeper_ports: dict[str, int] = {}
+        self._keeper_ready: set[str] = set()  # run_ids whose checkpoint peer is in the swarm with its state
+        self._keeper_started: dict[str, float] = {}
         self._short_of_ports: set[str] = set()  # run_ids whose peer found no free port (logged once)
         self._lock = threading.Lock()
         # Called (in the peer's reader thread) with each progress event: the verified-contribution ledger.
         self.on_progress: Callable[[str, dict[str, Any]], None] | None = None
         self.on_ready: Callable[[str], None] | None = None  # a bootstrap peer listens now
+        self.on_checkpoint: Callable[[str, dict[str, Any]], None] | None = None  # the checkpoint peer saved one
 
     def _read(self, peer: Peer) -> None:
         assert peer.process.stdout is not None
@@ -97,6 +103,7 @@ class SwarmHost:
             return 0
         ours = {p.port for p in self._peers.values() if p.process.poll() is None}
         ours |= {self._aux_ports.get(r, 0) for r, process in self._aux.items() if process.poll() is None}
+        ours |= {self._keeper_ports.get(r, 0) for r, process in self._keepers.items() if process.poll() is None}
         for port in self.ports:
             if port not in ours and _can_listen(self.host, port):
                 self._short_of_ports.discard(run_id)
@@ -203,6 +210,97 @@ class SwarmHost:
             self._aux_ports[run_id] = port
             logger.info("started the auxiliary peer for %s (pid %s)", run_id, self._aux[run_id].pid)
 
+    def start_keeper(self, run_id: str, config: dict[str, Any]) -> None:
+        """Run the experiment's checkpoint peer (``checkpoint_peer.py``) once its bootstrap peer is ready.
+        ``config``: the experiment's config, its corpus folder, and how often to save."""
+        with self._lock:
+            running = self._keepers.get(run_id)
+            peer = self._peers.get(run_id)
+            if (running is not None and running.poll() is None) or peer is None or not peer.ready.is_set():
+                return
+            port = self._take_port(run_id, "checkpoint peer")
+            if port is None:
+                return
+            folder = self.data_dir / "peers"
+            path = folder / f"{run_id}.checkpoints.json"
+            initial_peers = self._local_maddrs(peer) if self.announce_host else peer.maddrs
+            checkpoints = self.data_dir / "checkpoints" / run_id
+            checkpoints.mkdir(parents=True, exist_ok=True)
+            path.write_text(
+                json.dumps({**config, "run_id": run_id, "initial_peers": initial_peers, "folder": str(checkpoints)})
+            )
+            cmd = [
+                sys.executable,
+                "-m",
+                "swarmhub.server.checkpoint_peer",
+                "--config",
+                str(path),
+                "--signing-key-file",
+                str(folder / f"{run_id}.signing"),
+                "--identity",
+                str(folder / f"{run_id}.checkpoints.key"),
+                "--host",
+                self.host,
+                "--port",
+                str(port),
+                "--token-minutes",
+                str(self.token_minutes),
+            ]
+            if self.announce_host:
+                cmd += ["--announce-host", self.announce_host]
+            log = open(folder / f"{run_id}.checkpoints.log", "a")  # noqa: SIM115 - the child owns it from here
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+            )
+            log.close()
+            self._keepers[run_id] = process
+            self._keeper_ports[run_id] = port
+            self._keeper_ready.discard(run_id)
+            self._keeper_started[run_id] = time.monotonic()
+            threading.Thread(
+                target=self._read_keeper, args=(run_id, process), daemon=True, name=f"keeper-{run_id}"
+            ).start()
+            logger.info("started the checkpoint peer for %s (pid %s)", run_id, process.pid)
+
+    def _read_keeper(self, run_id: str, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "keeping":
+                self._keeper_ready.add(run_id)
+                logger.info("the checkpoint peer of %s is in the swarm at step %s", run_id, event.get("epoch"))
+                if self.on_ready is not None:
+                    self.on_ready(run_id)  # volunteers may join now
+            elif event.get("event") == "checkpoint" and self.on_checkpoint is not None:
+                try:
+                    self.on_checkpoint(run_id, event)
+                except Exception:
+                    logger.exception("could not record a checkpoint of %s", run_id)
+
+    def stop_keeper(self, run_id: str, timeout: float = 60.0) -> None:
+        with self._lock:
+            process = self._keepers.pop(run_id, None)
+            self._keeper_ports.pop(run_id, None)
+        if process is not None:
+            _terminate(process, timeout)
+            logger.info("stopped the checkpoint peer for %s", run_id)
+
+    def keeper_pending(self, run_id: str) -> bool:
+        """Whether volunteers should wait for the checkpoint peer: it is starting (for at most
+        ``KEEPER_WAIT_SECONDS``), and once it is in, the first of them loads the newest checkpoint from it
+        instead of starting the model from scratch."""
+        process = self._keepers.get(run_id)
+        if process is None or process.poll() is not None or run_id in self._keeper_ready:
+            return False
+        return time.monotonic() - self._keeper_started.get(run_id, 0.0) < KEEPER_WAIT_SECONDS
+
+    def keeper_running(self, run_id: str) -> bool:
+        process = self._keepers.get(run_id)
+        return process is not None and process.poll() is None
+
     def _local_maddrs(self, peer: Peer) -> list[str]:
         """Where a process on this machine reaches ``peer``: its announced (public) address may not loop back
         through the NAT, its listening address does."""
@@ -226,6 +324,7 @@ class SwarmHost:
 
     def stop(self, run_id: str, timeout: float = 15.0) -> None:
         self.stop_aux(run_id)
+        self.stop_keeper(run_id)
         with self._lock:
             peer = self._peers.pop(run_id, None)
         if peer is None:
@@ -233,22 +332,28 @@ class SwarmHost:
         _terminate(peer.process, timeout)
         logger.info("stopped swarm peer for %s", run_id)
 
-    def reconcile(self, running: dict[str, tuple[str, list[str], dict[str, Any] | None]]) -> None:
-        """Run exactly one peer per running experiment (run_id -> signing key, removed usernames, and the
-        experiment's config when it asks for an auxiliary peer); restart any that died; keep each peer's
-        deny-list file current."""
+    def reconcile(
+        self, running: dict[str, tuple[str, list[str], dict[str, Any] | None, dict[str, Any] | None]]
+    ) -> None:
+        """Run exactly one peer per running experiment (run_id -> signing key, removed usernames, the
+        experiment's config when it asks for an auxiliary peer, and the checkpoint peer's config when its task
+        keeps checkpoints); restart any that died; keep each peer's deny-list file current."""
         if not self.enabled:
             return
         for run_id in list(self._peers):
             if run_id not in running:
                 self.stop(run_id)
-        for run_id, (signing_key, denied, aux) in running.items():
+        for run_id, (signing_key, denied, aux, keeper) in running.items():
             self.write_denied(run_id, denied)
             self.start(run_id, signing_key)
             if aux is not None:
                 self.start_aux(run_id, aux)
             elif run_id in self._aux:
                 self.stop_aux(run_id)
+            if keeper is not None:
+                self.start_keeper(run_id, keeper)
+            elif run_id in self._keepers:
+                self.stop_keeper(run_id)
 
     def write_denied(self, run_id: str, usernames: list[str]) -> None:
         folder = self.data_dir / "peers"
@@ -281,6 +386,8 @@ class SwarmHost:
         }
 
     def close(self) -> None:
+        for run_id in list(self._keepers):
+            self.stop_keeper(run_id)
         for run_id in list(self._aux):
             self.stop_aux(run_id)
         for run_id in list(self._peers):

@@ -216,11 +216,11 @@ def test_the_server_runs_an_auxiliary_peer_when_the_organizer_asks(tmp_path: Pat
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not (log.exists() and '"event": "ready"' in log.read_text()):
-            host.reconcile({run_id: (key, [], config)})  # as the server's reconcile loop does, every few seconds
+            host.reconcile({run_id: (key, [], config, None)})  # as the server's reconcile loop does, every few seconds
             time.sleep(1)
         assert '"event": "ready"' in log.read_text(), log.read_text()[-3000:]
         assert host.aux_running(run_id)
-        host.reconcile({run_id: (key, [], None)})  # the organizer turned it off
+        host.reconcile({run_id: (key, [], None, None)})  # the organizer turned it off
         assert not host.aux_running(run_id)
         assert '"event": "stopped"' in log.read_text(), log.read_text()[-3000:]
     finally:

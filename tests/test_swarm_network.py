@@ -181,15 +181,15 @@ def test_a_full_range_is_logged_and_retried_not_fatal(tmp_path: Path, tag, caplo
     key = swarm_access.new_signing_key_der()
     try:
         with caplog.at_level(logging.ERROR, logger="swarmhub.swarm"):
-            host.reconcile({run_id: (key, [], None)})  # as the server's loop does: it must not raise
-            host.reconcile({run_id: (key, [], None)})
+            host.reconcile({run_id: (key, [], None, None)})  # as the server's loop does: it must not raise
+            host.reconcile({run_id: (key, [], None, None)})
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1, errors  # once, not at every reconcile
         assert f"no free port left in SWARMHUB_SWARM_PORTS={port}-{port}" in errors[0]
         assert host.hosted() == []
 
         busy.close()  # the port is free again: the next reconcile starts the peer on it
-        host.reconcile({run_id: (key, [], None)})
+        host.reconcile({run_id: (key, [], None, None)})
         peer = host.start(run_id, key)
         assert peer is not None and peer.ready.wait(90), "the peer did not start"
         # no announce host: workers get the address the peer listens on

@@ -28,7 +28,7 @@ def test_a_worker_without_the_task_says_what_to_install() -> None:
     with pytest.raises(WorkerError) as missing:
         load_task("no-such-task", {})
     assert missing.value.exit_code == ExitCode.NOT_FOUND
-    assert "installed tasks: digits" in missing.value.message and "pip install" in missing.value.message
+    assert "installed tasks: albert-mlm, digits" in missing.value.message and "pip install" in missing.value.message
     with pytest.raises(WorkerError, match=r"batch_size: Input should be greater than or equal to 1"):
         load_task("digits", {"batch_size": 0})
     assert isinstance(load_task("digits", {"batch_size": 8}), DigitsTask)

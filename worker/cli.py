@@ -327,6 +327,10 @@ def join(
         with ApiClient(client.server_url, token, user_agent=USER_AGENT) as poller:
             return poller.denylist(slug)
 
+    corpus = None
+    if joined.data_path and not auxiliary:
+        corpus = remote_corpus(client.server_url, token, joined, settings.corpus_dir(client.server_url, slug))
+
     click.echo(
         f"Joined {slug!r} ({joined.experiment.title}) as {joined.username}: "
         + ("helping average (auxiliary peer)" if auxiliary else f"training {joined.experiment.task} on {torch_device}")
@@ -352,8 +356,31 @@ def join(
         identity_path=identity_path,
         fetch_token=fetch_token,
         denied=denied,
+        corpus=corpus,
     )
     raise click.exceptions.Exit(code)
+
+
+def remote_corpus(server_url: str, token: str, joined: JoinResponse, cache_dir: Path) -> Any:
+    """The experiment's corpus, downloaded as the task reads it and cached in ``cache_dir``."""
+    from .data import RemoteCorpus
+
+    with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
+        manifest = api.data_manifest(joined)
+
+    def get(name: str) -> bytes:
+        with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
+            return api.data_file(joined, name)
+
+    def next_shard() -> int | None:
+        try:
+            with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
+                return api.next_shard(joined)
+        except WorkerError as exc:  # training goes on with shards in this worker's own order
+            logger.warning("could not ask the server for the next shard: %s", exc.message)
+            return None
+
+    return RemoteCorpus(manifest, cache_dir, get, next_shard)
 
 
 @main.command()
@@ -444,6 +471,7 @@ def run_session(
     identity_path: Path,
     fetch_token: Callable[[], SwarmToken] | None = None,
     denied: Callable[[], set[str]] | None = None,
+    corpus: Any = None,
 ) -> int:
     """Train with the swarm as ``swarmhub join`` does, and return the exit code.
 
@@ -481,6 +509,7 @@ def run_session(
                     identity_path=identity_path,
                     fetch_token=fetch_token,
                     denied=denied,
+                    corpus=corpus,
                 )
             except WorkerError as exc:
                 error = exc
@@ -670,9 +699,16 @@ def admin(username: str, password_stdin: bool) -> None:
 
 
 @main.command()
-def demo() -> None:
-    """Start a server, a demo experiment and two local workers (needs the [server] extra)."""
-    _exit_with(_server_cli().run_demo())
+@click.option(
+    "--experiment",
+    type=click.Choice(["demo-albert", "demo-digits"]),
+    default="demo-albert",
+    show_default=True,
+    help="Which demo experiment the two local workers train",
+)
+def demo(experiment: str) -> None:
+    """Start a server, two demo experiments and two local workers (needs the [server] extra)."""
+    _exit_with(_server_cli().run_demo(experiment=experiment))
 
 
 if __name__ == "__main__":  # `python -m swarmhub.worker.cli`, as `swarmhub demo` runs its workers

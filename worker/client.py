@@ -50,6 +50,7 @@ T = TypeVar("T")
 JOIN_RETRY_SECONDS = 60.0  # how long `join` waits for an experiment's swarm peer to start (HTTP 503)
 # The server may hold a join while it starts the swarm peer: a longer read timeout than other calls.
 JOIN_TIMEOUT = httpx.Timeout(15.0, read=60.0)
+DATA_TIMEOUT = httpx.Timeout(15.0, read=120.0)  # one corpus file (a shard is a few MB at most)
 
 
 class ExitCode(IntEnum):
@@ -321,6 +322,27 @@ class ApiClient:
         response = self._send("GET", f"/api/experiments/{quote(slug, safe='')}/denylist", auth=True)
         self._raise_for_status(response, slug=slug)
         return set(self._parse(DenyListPublic, response).usernames)
+
+    # -- the experiment's corpus (tasks that train on one) ------------------------------------------------
+
+    def data_manifest(self, join: JoinResponse) -> dict[str, Any]:
+        response = self._send("GET", f"{join.data_path}/manifest", auth=True, timeout=DATA_TIMEOUT)
+        self._raise_for_status(response, slug=join.experiment.slug)
+        body = response.json()
+        if not isinstance(body, dict) or not isinstance(body.get("shards"), list):
+            raise WorkerError(f"Unexpected corpus manifest from {self.server_url}: try again later", ExitCode.ERROR)
+        return body
+
+    def data_file(self, join: JoinResponse, name: str) -> bytes:
+        path = f"{join.data_path}/files/{quote(name, safe='/')}"
+        response = self._send("GET", path, auth=True, timeout=DATA_TIMEOUT)
+        self._raise_for_status(response, slug=join.experiment.slug)
+        return response.content
+
+    def next_shard(self, join: JoinResponse) -> int:
+        response = self._send("POST", f"{join.data_path}/next-shard", auth=True)
+        self._raise_for_status(response, slug=join.experiment.slug)
+        return int(response.json()["index"])
 
 
 def _body_flag(response: httpx.Response, name: str) -> bool:

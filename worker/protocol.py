@@ -29,6 +29,7 @@ class OptimizerName(str, Enum):
     adam = "adam"
     adamw = "adamw"
     sgd = "sgd"
+    lamb = "lamb"  # layer-wise adaptive moments (You et al., 2019): ALBERT's optimizer in DeDLOC
 
 
 class Overlap(str, Enum):
@@ -125,6 +126,10 @@ class JoinResponse(BaseModel):
     token_path: str = Field(description="Where to get a fresh swarm token (POST), relative to the server URL")
     experiment_public_key: str = Field(description="Verifies every peer's swarm token (OpenSSH text)")
     server_time: float = Field(description="The server's clock (unix seconds) when it answered")
+    data_path: str | None = Field(
+        default=None,
+        description="Where the experiment's corpus is served (its task trains on one), relative to the server URL",
+    )
 
 
 class MetricReport(BaseModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from platformdirs import user_config_dir, user_state_dir
+from platformdirs import user_cache_dir, user_config_dir, user_state_dir
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -25,6 +25,9 @@ class WorkerSettings(BaseSettings):
     # platformdirs honours XDG_CONFIG_HOME / XDG_STATE_HOME; the factories run at construction, not import.
     config_dir: Path = Field(default_factory=lambda: Path(user_config_dir(APP_NAME)))
     state_dir: Path = Field(default_factory=lambda: Path(user_state_dir(APP_NAME)), description="Logs")
+    cache_dir: Path = Field(
+        default_factory=lambda: Path(user_cache_dir(APP_NAME)), description="Downloaded corpora (safe to delete)"
+    )
 
     @field_validator("server", mode="before")
     @classmethod
@@ -49,6 +52,11 @@ class WorkerSettings(BaseSettings):
         """This machine's peer key for one user and experiment (see ``swarm_access``)."""
         host = urlsplit(server_url).netloc.replace(":", "_") or "server"
         return self.state_dir / "identities" / host / username / f"{slug}.key"
+
+    def corpus_dir(self, server_url: str, slug: str) -> Path:
+        """Where the corpus files of one experiment are cached (checked against their sha256 on every use)."""
+        host = urlsplit(server_url).netloc.replace(":", "_") or "server"
+        return self.cache_dir / "corpora" / host / slug
 
     def spool_dir(self, server_url: str, username: str, slug: str) -> Path:
         """Where this user's unacknowledged metric reports for one experiment wait (see ``spool``)."""

@@ -33,8 +33,9 @@ from pydantic import ValidationError
 
 from . import load_balancing, swarm_access
 from .client import ExitCode, WorkerError
+from .optim import Lamb
 from .protocol import Control, JoinResponse, MetricReport, OptimizerName, Overlap, SwarmToken, TrainingSettings
-from .tasks import Task, UnknownTask, get_task
+from .tasks import Task, TaskData, UnknownTask, get_task
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ _OPTIMIZERS = {
     OptimizerName.adam: torch.optim.Adam,
     OptimizerName.adamw: torch.optim.AdamW,
     OptimizerName.sgd: torch.optim.SGD,
+    OptimizerName.lamb: Lamb,
 }
 
 
@@ -136,6 +138,12 @@ def resolve_device(name: str = "auto") -> torch.device:
 def optimizer_factory(settings: TrainingSettings) -> Callable[[Any], torch.optim.Optimizer]:
     """hivemind builds the torch optimizer itself (on its offloaded copy of the parameters)."""
     return partial(_OPTIMIZERS[settings.optimizer], lr=settings.learning_rate)
+
+
+def scheduler_factory(task: Task) -> Callable[[Any], Any] | None:
+    """The task's learning-rate schedule as hivemind wants it: a factory, stepped once per collaborative step."""
+    schedule = task.lr_schedule()
+    return partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=schedule) if schedule is not None else None
 
 
 def restart_step_count(opt: Any) -> None:
@@ -250,8 +258,14 @@ def train(
     identity_path: Path,
     fetch_token: Callable[[], SwarmToken] | None = None,
     denied: Callable[[], set[str]] | None = None,
+    corpus: TaskData | None = None,
+    keeper: Callable[[Any, Task, torch.nn.Module, Callable[[], StopReason | None]], None] | None = None,
 ) -> TrainingSummary:
     """Train ``join.experiment`` with the swarm until a limit, ``stop_event``, or the server says stop.
+
+    ``corpus`` is the experiment's training text for a task that needs one (``RemoteCorpus`` for a volunteer).
+    ``keeper`` replaces training (the server's checkpoint peer): it is called with the hivemind optimizer, the
+    task, the model and the stop check once the peer is in the swarm, and before it loads the swarm's state.
 
     ``identity_path`` is the peer's key (``swarm_access.load_or_create_identity``): the one that
     ``join.swarm_token`` admits. ``fetch_token`` renews that token before it expires; without it the peer
@@ -270,6 +284,14 @@ def train(
     torch_device = device if isinstance(device, torch.device) else resolve_device(device)
 
     task = load_task(cfg.task, cfg.task_params)
+    if task.needs_corpus:
+        if corpus is None:
+            raise WorkerError(
+                f"The task {cfg.task!r} trains on the experiment's corpus and the server offered none: "
+                "upgrade the server or this worker (pip install -U swarmhub)",
+                ExitCode.ERROR,
+            )
+        task.attach(corpus)
     model = task.build_model().to(torch_device)  # parameters stay fp32 everywhere: the swarm averages one dtype
     batches = task.batches(seed=data_seed(join.worker_id))
     summary = TrainingSummary()
@@ -330,6 +352,7 @@ def train(
                     run_id=join.run_id,
                     params=list(task.parameter_groups(model)),
                     optimizer=optimizer_factory(cfg),
+                    scheduler=scheduler_factory(task),
                     batch_size_per_step=None if auxiliary else task.batch_size,
                     target_batch_size=cfg.target_batch_size,
                     matchmaking_time=cfg.matchmaking_time,
@@ -342,6 +365,9 @@ def train(
                     verbose=False,
                 )
                 restart_step_count(opt)
+            if keeper is not None:
+                keeper(opt, task, model, should_stop)
+                return summary
             if auxiliary:
                 _assist(
                     opt, summary, should_stop, pause=stop_event.wait, keep_access=lambda: access.keep_published(dht)

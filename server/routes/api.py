@@ -162,6 +162,7 @@ def join(
         token_path=f"/api/experiments/{experiment.slug}/swarm-token",
         experiment_public_key=experiments.experiment_public_key(experiment),
         server_time=time.time(),
+        data_path=f"/api/experiments/{experiment.slug}/data" if experiments.needs_corpus(experiment) else None,
     )
 
 

@@ -8,16 +8,18 @@ from urllib.parse import urlparse
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
+from starlette.datastructures import UploadFile
 
 from swarmhub.worker.protocol import OptimizerName, Overlap, TrainingSettings
 from swarmhub.worker.tasks import available_tasks, get_task
 
-from .. import accounts, device, experiments, ratelimit
+from .. import accounts, device, experiments, ratelimit, training_data
 from ..deps import CSRF, DB, SESSION_COOKIE, AppSettings, PageUser, RequiredPageUser, web_session
 from ..errors import AppError
-from ..models import WebSession
+from ..models import Corpus, WebSession
 from ..ratelimit import limited
 from ..views import render
+from . import data
 
 router = APIRouter(include_in_schema=False)
 WebSess = Annotated[WebSession | None, Depends(web_session)]
@@ -29,6 +31,7 @@ EXPERIMENT_FIELDS = (
     "join_policy",
     "allowlist",
     "aux_peer",
+    "checkpoint_minutes",
     *[f for f in TrainingSettings.model_fields if f not in ("task", "task_params")],
 )
 
@@ -53,24 +56,39 @@ def _errors(exc: ValidationError, prefix: str = "") -> dict[str, str]:
 
 
 def task_forms() -> list[dict[str, Any]]:
-    """Every installed task with its parameter fields, for the experiment form."""
+    """Every installed task with its parameter fields, rendered from the JSON schema of its ``Params``."""
     forms = []
     for name in available_tasks():
         task = get_task(name)
+        schema = task.Params.model_json_schema()
         fields = []
-        for field_name, info in task.Params.model_fields.items():
-            bounds = {type(m).__name__: getattr(m, type(m).__name__.lower(), None) for m in info.metadata}
+        for field_name, prop in schema.get("properties", {}).items():
+            kind = prop.get("type")
+            choices = prop.get("enum")
+            if choices is None and "const" in prop:
+                choices = [prop["const"]]
+            if choices is not None:
+                widget = "select"
+            elif kind == "boolean":
+                widget = "checkbox"
+            elif kind in ("integer", "number"):
+                widget = "number"
+            else:
+                widget = "text"
             fields.append(
                 {
                     "name": field_name,
-                    "default": info.default,
-                    "help": info.description or "",
-                    "step": "1" if info.annotation is int else "any",
-                    "min": bounds.get("Ge"),
-                    "max": bounds.get("Le"),
+                    "default": prop.get("default"),
+                    "help": prop.get("description", ""),
+                    "widget": widget,
+                    "choices": choices or [],
+                    "step": "1" if kind == "integer" else "any",
+                    "min": prop.get("minimum", prop.get("exclusiveMinimum")),
+                    "max": prop.get("maximum", prop.get("exclusiveMaximum")),
+                    "maxlength": prop.get("maxLength"),
                 }
             )
-        forms.append({"name": name, "title": task.title, "fields": fields})
+        forms.append({"name": name, "title": task.title, "fields": fields, "needs_corpus": task.needs_corpus})
     return forms
 
 
@@ -223,17 +241,76 @@ async def create_experiment(request: Request, session: DB, user: RequiredPageUse
     return _see_other(f"/experiments/{experiment.slug}")
 
 
-@router.get("/experiments/{slug}")
-def dashboard(request: Request, slug: str, session: DB, user: PageUser, web: WebSess) -> Response:
-    experiment = experiments.get_visible(session, slug, user)
+def _dashboard(
+    request: Request,
+    session: DB,
+    settings: AppSettings,
+    experiment: Any,
+    user: Any,
+    web: Any,
+    *,
+    corpus_error: dict[str, str] | None = None,
+    status_code: int = 200,
+) -> Response:
     can_manage = experiments.can_manage(experiment, user)
+    needs_corpus = experiments.needs_corpus(experiment)
     context = {
         "experiment": experiment,
         "can_manage": can_manage,
         "banned": experiments.banned_usernames(session, experiment) if can_manage else [],
         "actions": [a for a, (src, _) in experiments.TRANSITIONS.items() if experiment.status in src],
+        "needs_corpus": needs_corpus,
+        "keeps_checkpoints": experiments.keeps_checkpoints(experiment),
+        "corpus": session.get(Corpus, experiment.id) if needs_corpus else None,
+        "corpus_sources": training_data.sources(settings)
+        if can_manage and experiments.needs_corpus(experiment)
+        else [],
+        "corpus_limit_mb": settings.corpus_max_mb,
+        "corpus_error": corpus_error or {},
+        "corpus_defaults": training_data.CorpusOptions(),
     }
-    return render(request, "dashboard.html", context, user=user, web=web)
+    return render(request, "dashboard.html", context, user=user, web=web, status_code=status_code)
+
+
+@router.get("/experiments/{slug}")
+def dashboard(
+    request: Request, slug: str, session: DB, settings: AppSettings, user: PageUser, web: WebSess
+) -> Response:
+    experiment = experiments.get_visible(session, slug, user)
+    return _dashboard(request, session, settings, experiment, user, web)
+
+
+@router.post("/experiments/{slug}/corpus", dependencies=[data.UploadLimit, CSRF, limited("corpus")])
+async def set_corpus(
+    request: Request, slug: str, session: DB, settings: AppSettings, user: RequiredPageUser, web: WebSess
+) -> Response:
+    """The organizer's training-text form: an upload or a text the server offers, prepared before answering."""
+    experiment = experiments.get_managed(session, slug, user)
+    form = await request.form()
+    upload = form.get("file")
+    source = form.get("source")
+    try:
+        options = training_data.CorpusOptions.model_validate(
+            {k: form.get(k) for k in ("vocab_size", "seq_length") if form.get(k) not in (None, "")}
+        )
+        await data.set_corpus_from_form(
+            session,
+            settings,
+            experiment,
+            upload if isinstance(upload, UploadFile) else None,
+            source if isinstance(source, str) and source else None,
+            options,
+        )
+    except ValidationError as exc:
+        session.rollback()
+        return _dashboard(request, session, settings, experiment, user, web, corpus_error=_errors(exc), status_code=422)
+    except AppError as exc:
+        session.rollback()
+        errors = {exc.field or "file": exc.message}
+        return _dashboard(
+            request, session, settings, experiment, user, web, corpus_error=errors, status_code=exc.status_code
+        )
+    return _see_other(f"/experiments/{experiment.slug}#training-data")
 
 
 @router.get("/experiments/{slug}/edit")

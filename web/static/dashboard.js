@@ -110,6 +110,25 @@
     drawChart("chart-loss", "loss", "#c0392b", xs, m.series.map(function (p) { return p.loss; }));
     drawChart("chart-sps", "samples/s", "#2471a3", xs, m.series.map(function (p) { return p.samples_per_second; }));
     renderLeaderboard(snapshot.leaderboard);
+    if (snapshot.checkpoints) renderCheckpoints(snapshot.checkpoints);
+  }
+
+  // The server's checkpoints: held-out loss over time, and the newest model to download.
+  const evalBox = document.getElementById("checkpoints");
+  function renderCheckpoints(rows) {
+    if (!evalBox) return;
+    const scored = rows.filter(function (c) { return c.eval_loss !== null; });
+    drawChart("chart-eval", "held-out loss", "#7d3c98",
+      scored.map(function (c) { return Date.parse(c.created_at) / 1000; }),
+      scored.map(function (c) { return c.eval_loss; }));
+    const kept = rows.filter(function (c) { return c.downloadable; });
+    const latest = kept.length ? kept[kept.length - 1] : null;
+    document.getElementById("model-download").hidden = !latest;
+    document.getElementById("no-checkpoint").hidden = !!latest;
+    if (latest) {
+      document.getElementById("model-step").textContent = "(collaborative step " + latest.epoch +
+        (latest.eval_loss !== null ? ", held-out loss " + fmt(latest.eval_loss, 4) : "") + ")";
+    }
   }
 
   let pollTimer = null;
@@ -119,7 +138,10 @@
         fetch("/api/experiments/" + slug + "/metrics").then(function (r) { return r.json(); }),
         fetch("/api/experiments/" + slug + "/leaderboard").then(function (r) { return r.json(); }),
       ]);
-      render({ metrics: metrics, leaderboard: leaderboard });
+      const checkpoints = evalBox
+        ? await fetch("/api/experiments/" + slug + "/checkpoints").then(function (r) { return r.json(); })
+        : null;
+      render({ metrics: metrics, leaderboard: leaderboard, checkpoints: checkpoints });
     } catch (e) { /* offline: try again on the next tick */ }
   }
 

@@ -6,7 +6,7 @@
     document.querySelectorAll(".task-params").forEach(function (box) {
       const active = box.dataset.task === select.value;
       box.hidden = !active;
-      box.querySelectorAll("input").forEach(function (input) { input.disabled = !active; });
+      box.querySelectorAll("input, select").forEach(function (input) { input.disabled = !active; });
     });
   }
   select.addEventListener("change", sync);

@@ -9,10 +9,11 @@ builds the model and data from them. Workers never download code: a task must be
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 
@@ -20,11 +21,37 @@ if TYPE_CHECKING:
     import torch
 
 ENTRY_POINT_GROUP = "swarmhub.tasks"
-_BUILTIN = {"digits": "swarmhub.worker.tasks.digits:DigitsTask"}
+_BUILTIN = {
+    "digits": "swarmhub.worker.tasks.digits:DigitsTask",
+    "albert-mlm": "swarmhub.worker.tasks.albert:AlbertMLMTask",
+}
 
 
 class UnknownTask(LookupError):
     pass
+
+
+class TaskData(Protocol):
+    """An experiment's prepared corpus (``swarmhub.server.corpus``), as a task reads it.
+
+    ``manifest`` is the corpus's ``manifest.json``: ``vocab_size``, ``seq_length``, ``special_tokens``
+    (name -> id: pad, unk, cls, sep, mask), ``files`` (name -> sha256/bytes: the tokenizer's files and
+    ``eval.npy``), ``shards`` (a list of ``{"name", "sha256", "sequences"}``). Every ``.npy`` is an int32 array of
+    shape (sequences, seq_length): ``[CLS] tokens... [SEP]`` then ``[PAD]``s. A worker downloads what it reads
+    (once, checked against the sha256, cached); the server's own peers read the files in place.
+    """
+
+    @property
+    def manifest(self) -> dict[str, Any]: ...
+
+    def file(self, name: str) -> Path:
+        """The local path of one of ``manifest["files"]`` (for example ``tokenizer.json`` or ``eval.npy``)."""
+        ...
+
+    def shards(self, seed: int) -> Iterator[Path]:
+        """Endless: local paths of the training shards this worker takes, one after another. The server hands
+        shards out in turn, so the swarm covers the corpus before any shard repeats."""
+        ...
 
 
 class Task(ABC):
@@ -57,6 +84,34 @@ class Task(ABC):
     def parameter_groups(self, model: torch.nn.Module) -> Iterable[Any]:
         """What the optimizer trains; override for per-group settings (for example no weight decay on norms)."""
         return model.parameters()
+
+    # A task that trains on a corpus the organizer gives the server sets this; the server then refuses to start
+    # its experiment without one, and the worker calls ``attach`` with the corpus before anything else.
+    needs_corpus: ClassVar[bool] = False
+    # The server runs a checkpoint peer for a task that sets this: it saves the swarm's model (``export``) with
+    # its held-out loss (``evaluate``) at the organizer's interval, and an emptied swarm resumes from it.
+    keeps_checkpoints: ClassVar[bool] = False
+    data: TaskData | None = None
+
+    def attach(self, data: TaskData) -> None:
+        self.data = data
+
+    def lr_schedule(self) -> Callable[[int], float] | None:
+        """A learning-rate multiplier per collaborative step (the swarm's epoch), or None for a constant rate.
+        hivemind steps the schedule once per epoch and sets it from the epoch on loading the swarm's state, so
+        every peer agrees on the rate."""
+        return None
+
+    def evaluate(self, model: torch.nn.Module, device: torch.device) -> float | None:
+        """The held-out loss of ``model`` (the same samples every call), or None where the task has none."""
+        return None
+
+    def export(self, model: torch.nn.Module, folder: Path) -> None:
+        """Write ``model`` to ``folder`` in the format users load it in (for example a transformers model)."""
+        import torch
+
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), folder / "model.pt")
 
 
 def _load(target: str) -> type[Task]:

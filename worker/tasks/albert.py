@@ -110,6 +110,7 @@ class AlbertMLMTask(Task):
     Params = AlbertParams
     params: AlbertParams
     needs_corpus = True
+    keeps_checkpoints = True
 
     def __init__(self, params: BaseModel | dict[str, Any] | None = None):
         super().__init__(params)

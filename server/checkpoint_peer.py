@@ -1,0 +1,231 @@
+"""The server's checkpoint peer for one experiment whose task keeps checkpoints (for example ``albert-mlm``).
+
+Run as its own process by ``SwarmHost`` (hivemind objects must never cross a ``spawn``):
+
+    python -m swarmhub.server.checkpoint_peer --config FILE --signing-key-file FILE --identity FILE --host HOST
+
+It joins the experiment's swarm as the server's own peer (a token it signs itself, as ``swarmhub``), computes
+nothing, and every ``interval_seconds``:
+
+1. pulls the collaborative state (weights, optimizer statistics, step) from the swarm when the swarm is ahead;
+2. when the step moved since its last checkpoint, measures the held-out loss (``Task.evaluate``), and writes
+   ``<checkpoints>/<epoch>/``: ``state.pt`` (to resume from), ``model/`` and ``model.zip`` (``Task.export``:
+   for albert-mlm the transformers format) and ``info.json``; the folder appears whole (renamed into place);
+3. prints ``{"event": "checkpoint", "epoch": E, "eval_loss": L, "folder": "<run_id>/<epoch>"}`` for the server.
+
+At start it loads the newest checkpoint on disk, so a swarm that emptied (or a server that restarted) goes on
+from there: this peer shares that state, and the next volunteer to join loads it from this peer instead of
+starting from scratch. It leaves the swarm cleanly on SIGTERM, SIGINT, or when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("swarmhub.checkpoint_peer")
+
+
+def _emit(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    """The newest complete checkpoint folder (named by its epoch) under ``folder``."""
+    if not folder.is_dir():
+        return None
+    done = [p for p in folder.iterdir() if p.name.isdigit() and (p / "state.pt").is_file()]
+    return max(done, key=lambda p: int(p.name)) if done else None
+
+
+class Keeper:
+    """``training.train``'s ``keeper``: resume from disk, then pull, evaluate and save at each interval."""
+
+    def __init__(self, run_id: str, folder: Path, interval: float, pause: Callable[[float], Any]):
+        self.run_id = run_id
+        self.folder = folder
+        self.interval = interval
+        self.pause = pause
+        self.saved_epoch = -1
+
+    def __call__(self, opt: Any, task: Any, model: Any, should_stop: Callable[[], Any]) -> None:
+        self.resume(opt, model)
+        _emit({"event": "keeping", "epoch": opt.local_epoch})
+        next_check = time.monotonic() + self.interval
+        while should_stop() is None:
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + self.interval
+                try:
+                    self.check(opt, task, model)
+                except Exception:  # a failed pull or save must not take the swarm's checkpoints down for good
+                    logger.exception("checkpoint failed; trying again at the next interval")
+            self.pause(min(1.0, max(next_check - time.monotonic(), 0.05)))
+
+    def resume(self, opt: Any, model: Any) -> None:
+        import torch
+
+        newest = newest_checkpoint(self.folder)
+        if newest is None:
+            return
+        state = torch.load(newest / "state.pt", map_location="cpu", weights_only=True)
+        averager = opt.state_averager
+        with torch.no_grad(), averager.lock_averaged_tensors:
+            model.load_state_dict(state["model"])
+            # hivemind.Optimizer offloads the optimizer by default: it steps (and shares with newcomers) its own
+            # copies of the parameters, which must hold the checkpoint's weights too, not just the model.
+            offloaded = [p for group in averager.optimizer.param_groups for p in group["params"]]
+            for copy, param in zip(offloaded, averager.main_parameters, strict=True):
+                if copy is not param:
+                    copy.copy_(param)
+        opt.load_state_dict(state["optimizer"])  # sets the local epoch too
+        if not averager.reuse_tensors:  # hivemind averages its own copies of the tensors too
+            averager._load_local_tensors_into_averager_()
+        averager._update_scheduler()
+        averager.state_sharing_priority = opt.local_epoch  # newcomers load the newest state first
+        opt.tracker.report_local_progress(opt.local_epoch, 0)  # the swarm's step is this one now
+        self.saved_epoch = opt.local_epoch
+        logger.info("resumed from %s (step %d)", newest, opt.local_epoch)
+
+    def check(self, opt: Any, task: Any, model: Any) -> None:
+        if opt.tracker.global_epoch > opt.local_epoch:
+            opt.load_state_from_peers()
+        if opt.local_epoch > self.saved_epoch:
+            self.save(opt, task, model)
+
+    def save(self, opt: Any, task: Any, model: Any) -> None:
+        import torch
+
+        epoch = int(opt.local_epoch)
+        eval_loss = task.evaluate(model, torch.device("cpu"))
+        name = f"{epoch:010d}"
+        final = self.folder / name
+        tmp = self.folder / f".{name}.{os.getpid()}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            task.export(model, tmp / "model")
+            with zipfile.ZipFile(tmp / "model.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+                for path in sorted((tmp / "model").rglob("*")):
+                    if path.is_file():
+                        archive.write(path, path.relative_to(tmp / "model").as_posix())
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch}, tmp / "state.pt")
+            (tmp / "info.json").write_text(json.dumps({"epoch": epoch, "eval_loss": eval_loss, "time": time.time()}))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.saved_epoch = epoch
+        loss = eval_loss if eval_loss is None or eval_loss == eval_loss else None  # NaN is not JSON
+        _emit({"event": "checkpoint", "epoch": epoch, "eval_loss": loss, "folder": f"{self.run_id}/{name}"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="swarmhub-checkpoint-peer")
+    parser.add_argument("--config", required=True, help="JSON: experiment, run_id, initial_peers, corpus, folder")
+    parser.add_argument("--signing-key-file", required=True)
+    parser.add_argument("--identity", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--announce-host", default="", help="public address to announce (behind NAT) with --port")
+    parser.add_argument("--token-minutes", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logger.setLevel(logging.INFO)
+
+    stop = threading.Event()
+    main_pid = os.getpid()
+
+    def on_signal(signum: int, frame: object) -> None:
+        if os.getpid() == main_pid:
+            stop.set()
+        else:  # a process hivemind forked inherited this handler: it must still die
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+    # As in swarm_peer: watch the parent's pipe on a private copy of fd 0 (hivemind forks).
+    parent_pipe = os.dup(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+    def watch_parent() -> None:
+        try:
+            while os.read(parent_pipe, 1024):
+                pass
+        except OSError:
+            pass
+        stop.set()
+
+    threading.Thread(target=watch_parent, daemon=True).start()
+
+    from swarmhub.server.settings import tcp_maddr
+    from swarmhub.worker import swarm_access
+    from swarmhub.worker.data import LocalCorpus
+    from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
+    from swarmhub.worker.training import train
+
+    config = json.loads(Path(args.config).read_text())
+    signing_key = swarm_access.signing_key_from_text(Path(args.signing_key_file).read_text().strip())
+    identity = Path(args.identity)
+    public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes()
+    run_id = config["run_id"]
+    lifetime = timedelta(minutes=args.token_minutes)
+
+    def mint() -> SwarmToken:
+        token = swarm_access.sign_token(signing_key, run_id, "swarmhub", public_key, lifetime)
+        return SwarmToken(**swarm_access.token_to_wire(token))
+
+    deny_file = Path(args.signing_key_file).with_suffix(".deny")
+
+    def denied() -> set[str]:
+        return set(deny_file.read_text().split()) if deny_file.exists() else set()
+
+    join = JoinResponse(
+        experiment=ExperimentConfig.model_validate(config["experiment"]),
+        run_id=run_id,
+        initial_peers=config["initial_peers"],
+        worker_id=f"checkpoints-{run_id}",
+        username="swarmhub",
+        report_path="",
+        swarm_token=mint(),
+        token_path="",
+        experiment_public_key=swarm_access.public_key_text(signing_key),
+        server_time=time.time(),
+    )
+    corpus = LocalCorpus(Path(config["corpus"])) if config.get("corpus") else None
+    keeper = Keeper(run_id, Path(config["folder"]), float(config["interval_seconds"]), stop.wait)
+    summary = train(
+        join,
+        device="cpu",
+        listen_maddrs=[tcp_maddr(args.host, args.port)],
+        announce_maddrs=[tcp_maddr(args.announce_host, args.port)] if args.announce_host else None,
+        identity_path=identity,
+        fetch_token=mint,
+        denied=denied,
+        stop_event=stop,
+        corpus=corpus,
+        keeper=keeper,
+        on_joined=lambda peer_id, maddrs: _emit({"event": "ready", "peer_id": peer_id, "maddrs": maddrs}),
+    )
+    _emit({"event": "stopped", "epoch": summary.epoch})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Training data and models under /api: the organizer gives an experiment its text; workers download the
+tokenizer and the shards the server hands out; anyone downloads the latest model."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
+from pydantic import BaseModel
+from starlette.datastructures import UploadFile as StarletteUploadFile
+
+from .. import experiments, training_data
+from ..deps import DB, AppSettings, CurrentUser, OptionalUser
+from ..errors import BadRequest, TooLarge, documented
+from ..ratelimit import limited
+
+router = APIRouter(prefix="/api", tags=["data"], responses=documented(400, 401, 403, 404, 409, 413, 429))
+UPLOAD_OVERHEAD = 64 * 1024  # multipart framing and the form's other fields
+
+
+def upload_limit(request: Request, settings: AppSettings) -> None:
+    """Refuse an upload over the limit before reading it: the body would otherwise be spooled to disk whole."""
+    if request.method not in ("POST", "PUT"):
+        return
+    length = request.headers.get("content-length")
+    limit = training_data.max_bytes(settings) + UPLOAD_OVERHEAD
+    if length is None or not length.isdigit():
+        if request.headers.get("transfer-encoding", "").lower() == "chunked":
+            raise BadRequest("send the upload with a Content-Length", field="file")
+        return
+    if int(length) > limit:
+        raise TooLarge(
+            f"the upload is {int(length) / 2**20:.1f} MB; this server takes training text up to "
+            f"{settings.corpus_max_mb:g} MB (SWARMHUB_CORPUS_MAX_MB)",
+            field="file",
+        )
+
+
+UploadLimit = Depends(upload_limit)
+
+
+class ShardTurn(BaseModel):
+    index: int
+
+
+async def set_corpus_from_form(
+    session: DB,
+    settings: AppSettings,
+    experiment: experiments.Experiment,
+    upload: StarletteUploadFile | None,
+    source: str | None,
+    options: training_data.CorpusOptions,
+) -> training_data.Corpus:
+    """Shared by the API and the page: the uploaded file, or a text the server can read, prepared."""
+    if upload is not None and upload.filename:
+        if source:
+            raise BadRequest("give a file or a source, not both", field="source")
+        data = await upload.read(training_data.max_bytes(settings) + 1)
+        text = await run_in_threadpool(training_data.read_upload, data, settings, upload.filename)
+        label = f"upload:{upload.filename}"
+    elif source:
+        text = await run_in_threadpool(training_data.read_source, settings, source)
+        label = source
+    else:
+        raise BadRequest("choose a file to upload or a text the server offers", field="file")
+    return await run_in_threadpool(training_data.attach, session, settings, experiment, text, label, options)
+
+
+@router.get("/corpus-sources", response_model=list[training_data.CorpusSource])
+def corpus_sources(settings: AppSettings, user: CurrentUser) -> list[training_data.CorpusSource]:
+    """Texts this server can read, to give an experiment without uploading anything."""
+    return training_data.sources(settings)
+
+
+@router.put(
+    "/experiments/{slug}/corpus",
+    response_model=training_data.CorpusPublic,
+    dependencies=[UploadLimit, limited("corpus")],
+)
+async def put_corpus(
+    slug: str,
+    session: DB,
+    settings: AppSettings,
+    user: CurrentUser,
+    file: Annotated[UploadFile | None, File(description="Plain UTF-8 text")] = None,
+    source: Annotated[str | None, Form(max_length=300, description="A name from /api/corpus-sources")] = None,
+    vocab_size: Annotated[int, Form(ge=100, le=128_000)] = 8000,
+    seq_length: Annotated[int, Form(ge=16, le=4096)] = 128,
+) -> training_data.CorpusPublic:
+    """Give the experiment its training text (organizer; draft or paused): the server trains a tokenizer on it and
+    cuts it into token shards. Answers once it is ready."""
+    experiment = experiments.get_managed(session, slug, user)
+    options = training_data.CorpusOptions(vocab_size=vocab_size, seq_length=seq_length)
+    row = await set_corpus_from_form(session, settings, experiment, file, source, options)
+    return training_data.to_public(row)
+
+
+@router.get("/experiments/{slug}/corpus", response_model=training_data.CorpusPublic)
+def get_corpus(slug: str, session: DB, user: OptionalUser) -> training_data.CorpusPublic:
+    experiment = experiments.get_visible(session, slug, user)
+    return training_data.to_public(training_data.get(session, experiment))
+
+
+def _joinable(session: DB, slug: str, user: CurrentUser) -> experiments.Experiment:
+    experiment = experiments.get_visible(session, slug, user)
+    experiments.check_joinable(session, experiment, user)
+    return experiment
+
+
+@router.get("/experiments/{slug}/data/manifest")
+def data_manifest(slug: str, session: DB, settings: AppSettings, user: CurrentUser) -> dict:
+    """The corpus's manifest (files and shards with their sha256) for the experiment's volunteers."""
+    row = training_data.get(session, _joinable(session, slug, user))
+    return training_data.manifest(settings, row)
+
+
+@router.get("/experiments/{slug}/data/files/{name:path}", response_class=FileResponse)
+def data_file(slug: str, name: str, session: DB, settings: AppSettings, user: CurrentUser) -> FileResponse:
+    """One file of the manifest (the tokenizer, the held-out set, a shard)."""
+    row = training_data.get(session, _joinable(session, slug, user))
+    return FileResponse(training_data.file_path(settings, row, name), media_type="application/octet-stream")
+
+
+@router.post("/experiments/{slug}/data/next-shard", response_model=ShardTurn)
+def next_shard(slug: str, session: DB, user: CurrentUser) -> ShardTurn:
+    """The next shard to train on: the server hands every shard out once before any twice."""
+    return ShardTurn(index=training_data.next_shard(session, _joinable(session, slug, user)))
+
+
+@router.get("/experiments/{slug}/checkpoints", response_model=list[training_data.CheckpointPublic])
+def list_checkpoints(slug: str, session: DB, user: OptionalUser) -> list[training_data.CheckpointPublic]:
+    """The models the server took from the swarm, with their held-out loss."""
+    return training_data.checkpoints(session, experiments.get_visible(session, slug, user))
+
+
+@router.get("/experiments/{slug}/model", response_class=FileResponse)
+def download_model(slug: str, session: DB, settings: AppSettings, user: OptionalUser) -> FileResponse:
+    """The latest model as a zip in the transformers format (weights, config, tokenizer)."""
+    experiment = experiments.get_visible(session, slug, user)
+    row, path = training_data.latest_model(session, settings, experiment)
+    return FileResponse(path, media_type="application/zip", filename=f"{experiment.slug}-step{row.epoch}.zip")

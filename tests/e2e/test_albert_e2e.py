@@ -1,0 +1,178 @@
+"""The paper's workload end to end: an organizer gives an ALBERT experiment its text (the Python standard
+library's docstrings, uploaded), the server trains the tokenizer and serves the shards, two real `swarmhub join`
+processes pretrain a tiny ALBERT together, the server's checkpoint peer measures held-out loss falling, the model
+downloads in the transformers format and fills a masked token; then the swarm empties, the experiment restarts,
+and the next volunteer goes on from the checkpoint instead of from scratch."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from swarmhub.server import corpus
+
+from .test_swarm_e2e import SWARMHUB, descendants, outlived, running_server, signup, wait_volunteers
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+SLUG = "e2e-albert"
+VOCAB = 1000
+TASK = {"size": "tiny", "batch_size": 16, "warmup_steps": 2, "total_steps": 2000, "masking": "whole-word"}
+
+
+def create_experiment(url: str) -> dict[str, str]:
+    headers = {"Authorization": f"Bearer {signup(url, 'organizer')}"}
+    created = httpx.post(
+        f"{url}/api/experiments",
+        headers=headers,
+        json={
+            "slug": SLUG,
+            "title": "E2E ALBERT",
+            "task": "albert-mlm",
+            "task_params": TASK,
+            "optimizer": "lamb",
+            "learning_rate": 0.06,
+            "target_batch_size": 128,
+            "matchmaking_time": 2.0,
+            "averaging_timeout": 20.0,
+            "checkpoint_minutes": 0.1,  # every 6 s
+        },
+    )
+    assert created.status_code == 201, created.text
+    text = corpus.builtin_text("python-docstrings", max_bytes=400_000).encode()
+    uploaded = httpx.put(
+        f"{url}/api/experiments/{SLUG}/corpus",
+        headers=headers,
+        files={"file": ("docstrings.txt", text, "text/plain")},
+        data={"vocab_size": str(VOCAB), "seq_length": "64"},
+        timeout=120,
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    return headers
+
+
+def set_status(url: str, headers: dict[str, str], action: str) -> None:
+    response = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=headers, json={"action": action})
+    assert response.status_code == 200, response.text
+
+
+def join(url: str, tmp: Path, name: str, limit: list[str]) -> tuple[str, Any, subprocess.Popen]:
+    token = signup(url, name) if not (tmp / name).exists() else (tmp / name / "token").read_text()
+    env = {**os.environ, "SWARMHUB_CONFIG_DIR": str(tmp / name), "SWARMHUB_STATE_DIR": str(tmp / name)}
+    env["SWARMHUB_CACHE_DIR"] = str(tmp / name / "cache")
+    env.update({"SWARMHUB_SERVER": url, "SWARMHUB_TOKEN": token})
+    (tmp / name).mkdir(exist_ok=True)
+    (tmp / name / "token").write_text(token)
+    out = open(tmp / f"{name}.out", "ab")
+    command = [*SWARMHUB, "join", SLUG, *limit, "--listen", "/ip4/127.0.0.1/tcp/0"]
+    return name, out, subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def checkpoints(url: str) -> list[dict[str, Any]]:
+    return httpx.get(f"{url}/api/experiments/{SLUG}/checkpoints").json()
+
+
+def wait_for_checkpoint(url: str, after_epoch: int, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = [c for c in checkpoints(url) if c["epoch"] > after_epoch and c["downloadable"]]
+        if done:
+            return done[-1]
+        time.sleep(1)
+    raise AssertionError(f"no checkpoint after step {after_epoch} within {timeout:.0f} s: {checkpoints(url)}")
+
+
+def reports(tmp: Path, username: str) -> list[tuple[int, float]]:
+    """(epoch, loss) of every report the volunteer's workers sent, oldest first."""
+    engine = sa.create_engine(f"sqlite:///{tmp / 'e2e.db'}")
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT p.epoch, p.loss FROM metric_points p JOIN worker_runs w ON w.id = p.worker_run_id "
+                "JOIN users u ON u.id = w.user_id WHERE u.username = :name ORDER BY p.id"
+            ),
+            {"name": username},
+        ).all()
+    engine.dispose()
+    return [(int(epoch), float(loss)) for epoch, loss in rows]
+
+
+def fill_mask(model_dir: Path) -> tuple[str, float]:
+    """The downloaded model's top token for a masked word, and the probability it gives the right one."""
+    import torch
+    from transformers import AlbertForMaskedLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AlbertForMaskedLM.from_pretrained(model_dir).eval()
+    sentence = "Return the value of the attribute."
+    target = "the"
+    masked = sentence.replace(" the value", f" {tokenizer.mask_token} value")
+    inputs = tokenizer(masked, return_tensors="pt")
+    where = (inputs["input_ids"][0] == tokenizer.mask_token_id).nonzero()[0].item()
+    with torch.no_grad():
+        probabilities = model(**inputs).logits[0, where].softmax(-1)
+    top = tokenizer.convert_ids_to_tokens(int(probabilities.argmax()))
+    return top, float(probabilities[tokenizer.convert_tokens_to_ids(target)])
+
+
+def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp_path):
+    with running_server(tmp_path) as (url, server_process):
+        headers = create_experiment(url)
+        set_status(url, headers, "start")
+        page = httpx.get(f"{url}/experiments/{SLUG}").text
+        assert 'id="checkpoints"' in page and 'id="corpus-info"' in page
+
+        workers = [join(url, tmp_path, name, ["--max-steps", "120"]) for name in ("ada", "grace")]
+        seen, outputs = wait_volunteers(workers, tmp_path)
+        for name, _, process in workers:
+            assert process.returncode == 0, f"{name} exited {process.returncode}:\n{outputs[name][-3000:]}"
+        assert not outlived(seen)
+
+        # Held-out loss, measured by the server on text no worker trains on, fell as the swarm trained.
+        last = wait_for_checkpoint(url, after_epoch=0)
+        scored = [c for c in checkpoints(url) if c["eval_loss"] is not None]
+        assert len(scored) >= 2, scored
+        assert scored[-1]["eval_loss"] < scored[0]["eval_loss"] - 0.3, scored
+        assert scored[0]["eval_loss"] < math.log(VOCAB) + 1  # a real masked-LM loss, not a broken one
+
+        # The newest model downloads in the transformers format and fills a masked word.
+        download = httpx.get(f"{url}/api/experiments/{SLUG}/model", timeout=60)
+        assert download.status_code == 200, download.text
+        model_dir = tmp_path / "model"
+        with zipfile.ZipFile(io.BytesIO(download.content)) as archive:
+            assert {"config.json", "tokenizer.json", "model.safetensors"} <= set(archive.namelist())
+            archive.extractall(model_dir)
+        top, p_right = fill_mask(model_dir)
+        assert top not in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+        assert p_right > 5 / VOCAB, (top, p_right)  # far above a guess among the vocabulary
+
+        # The swarm has emptied. The organizer pauses and restarts it: the server's peers start afresh and the
+        # checkpoint peer loads the newest checkpoint from disk.
+        resumed_from = checkpoints(url)[-1]
+        set_status(url, headers, "pause")
+        set_status(url, headers, "start")
+        first_losses = [loss for _, loss in reports(tmp_path, "ada")[:2]]
+        late = join(url, tmp_path, "linus", ["--max-steps", "30"])
+        seen, outputs = wait_volunteers([late], tmp_path)
+        assert late[2].returncode == 0, outputs["linus"][-3000:]
+        linus = reports(tmp_path, "linus")
+        assert linus, outputs["linus"][-3000:]
+        # Its step continues from the checkpoint's, and its loss from where the swarm left off, not from scratch.
+        assert linus[0][0] >= resumed_from["epoch"], (linus[:3], resumed_from)
+        assert linus[0][1] < min(first_losses) - 0.3, (linus[:3], first_losses)
+        later = wait_for_checkpoint(url, after_epoch=resumed_from["epoch"])
+        assert later["epoch"] > last["epoch"]
+        assert not outlived(seen)
+        server_children = descendants(server_process)  # its bootstrap, checkpoint and p2pd processes
+        assert len(server_children) >= 2
+    # The server stopped its checkpoint peer and its other swarm processes with it.
+    assert not outlived(server_children, grace=30)
