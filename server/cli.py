@@ -110,10 +110,10 @@ def _seed_demo(settings: Settings) -> tuple[str, list[str]]:
                 description="Two local volunteers pretrain a tiny ALBERT masked language model (DeDLOC's workload) "
                 "on the Python standard library's docstrings, with a tokenizer the server trained on them.",
                 task="albert-mlm",
-                task_params={"size": "tiny", "batch_size": 16, "warmup_steps": 20, "total_steps": 5000},
+                task_params={"size": "tiny", "batch_size": 16, "warmup_steps": 5, "total_steps": 5000},
                 optimizer="lamb",
-                learning_rate=0.01,
-                target_batch_size=512,
+                learning_rate=0.05,
+                target_batch_size=256,
                 matchmaking_time=2.0,
                 averaging_timeout=30.0,
                 checkpoint_minutes=1.0,

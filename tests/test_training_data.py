@@ -310,3 +310,23 @@ def test_who_may_give_an_experiment_its_text(client, db, settings, tmp_path, doc
         assert (folder() != before) == (role in ("organizer", "admin")), role
         if role == "anonymous":
             assert response.headers["location"].startswith("/login")
+
+
+def test_the_demo_seeds_an_albert_experiment_ready_to_train(tmp_path):
+    """`swarmhub demo`'s data: the ALBERT experiment runs with the standard library's docstrings prepared, beside
+    the digits one, and the two volunteers' tokens work."""
+    from swarmhub.server.app import create_app
+    from swarmhub.server.cli import _seed_demo
+    from swarmhub.server.settings import Settings
+
+    demo = Settings(environment="test", data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'demo.db'}")
+    password, tokens = _seed_demo(demo)
+    assert len(tokens) == 2 and len(password) >= 12
+    with TestClient(create_app(demo.model_copy(update={"swarm_enabled": False}))) as client:
+        listed = {e["slug"]: e for e in client.get("/api/experiments").json()}
+        assert {slug: e["status"] for slug, e in listed.items()} == {"demo-albert": "running", "demo-digits": "running"}
+        text = client.get("/api/experiments/demo-albert/corpus").json()
+        assert text["source"] == "builtin:python-docstrings" and text["shards"] >= 5
+        volunteer = {"Authorization": f"Bearer {tokens[0]}"}
+        manifest = client.get("/api/experiments/demo-albert/data/manifest", headers=volunteer)
+        assert manifest.status_code == 200 and manifest.json()["vocab_size"] == text["vocab_size"]
