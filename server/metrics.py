@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any, NamedTuple
 
@@ -71,75 +72,130 @@ class MetricsPublic(BaseModel):
 def ingest(session: Session, worker: WorkerRun, report: MetricReport) -> bool:
     """Store one report exactly once, and keep the run's latest numbers and the volunteer's and experiment's
     running totals in step. Returns False for a duplicate (already stored) message."""
-    values: dict[str, Any] = {
-        "experiment_id": worker.experiment_id,
-        "worker_run_id": worker.id,
-        "received_at": utcnow(),
-        **report.model_dump(exclude={"type"}),
-    }
+    return ingest_many(session, [(worker.id, report, utcnow())])[0]
+
+
+def ingest_many(session: Session, reports: Sequence[tuple[str, MetricReport, datetime]]) -> list[bool]:
+    """Store reports (each with its worker run's id and the time it was received) as :func:`ingest` would one
+    after another, in the order given, with a few statements for the whole batch: one multi-row insert of the
+    metric points, one upsert of the buckets they fall in, one update per touched worker run and totals row.
+    Returns, for each report, whether it was new (False: already stored, or given twice here). Worker runs
+    already in the session are refreshed and updated in place."""
+    if not reports:
+        return []
     dialect = session.get_bind().dialect.name
     insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    run_ids = {run_id for run_id, *_ in reports}
+    # Locked until commit, in one order, so that batches and ledger reads of an experiment take turns and never
+    # wait on each other crosswise; the runs are read under those locks.
+    experiment_ids = session.scalars(select(WorkerRun.experiment_id).where(WorkerRun.id.in_(run_ids)).distinct())
+    totals = {eid: contributions.experiment_totals(session, eid) for eid in sorted(experiment_ids)}
+    runs = {
+        run.id: run
+        for run in session.scalars(
+            select(WorkerRun).where(WorkerRun.id.in_(run_ids)).execution_options(populate_existing=True)
+        )
+    }
+    volunteers: dict[tuple[int, int], VolunteerTotal] = {}
+    for eid in totals:
+        users = {run.user_id for run in runs.values() if run.experiment_id == eid}
+        for user_id, row in contributions.volunteer_totals(session, eid, users).items():
+            volunteers[eid, user_id] = row
+
+    first: list[bool] = []  # the first time this batch holds the (run, seq): later copies are duplicates
+    seen: set[tuple[str, int]] = set()
+    points: list[dict[str, Any]] = []
+    for run_id, report, at in reports:
+        first.append((run_id, report.seq) not in seen)
+        seen.add((run_id, report.seq))
+        if first[-1]:
+            points.append(
+                {
+                    "experiment_id": runs[run_id].experiment_id,
+                    "worker_run_id": run_id,
+                    "received_at": at,
+                    **report.model_dump(exclude={"type"}),
+                }
+            )
+    # One statement for the rows (SQLAlchemy sends a list of parameters as multi-row INSERTs, compiled once);
+    # RETURNING names the rows that were new.
     stmt = (
-        insert(MetricPoint)
-        .values(**values)
+        insert(MetricPoint.__table__)
         .on_conflict_do_nothing(index_elements=["worker_run_id", "seq"])
-        .returning(MetricPoint.id)
+        .returning(MetricPoint.worker_run_id, MetricPoint.seq)
     )
-    inserted = session.execute(stmt).scalar_one_or_none() is not None
-    # Locked until commit: this experiment's ingests and ledger reads take turns with its totals.
-    totals = contributions.experiment_totals(session, worker.experiment_id)
-    session.refresh(worker)  # so the latest numbers are read under that lock
-    volunteer = contributions.volunteer_totals(session, worker.experiment_id, {worker.user_id})[worker.user_id]
-    if inserted:
-        _add_to_buckets(session, insert, worker, report, values["received_at"])
-    if inserted and report.seq > worker.last_seq:
-        claimed = report.samples - worker.samples  # the run's count replaces its previous one in the sums
-        volunteer.claimed_samples += claimed
-        totals.claimed_samples += claimed
-        totals.worker_epoch = max(totals.worker_epoch, report.epoch)
-        worker.last_seq = report.seq
-        worker.samples = report.samples
-        worker.epoch = report.epoch
-        worker.loss = report.loss
-        worker.samples_per_second = report.samples_per_second
-    if inserted and report.samples_per_second > volunteer.peak_claimed_samples_per_second:
-        volunteer.peak_claimed_samples_per_second = report.samples_per_second
-    cls = device_class(worker.device)
-    if cls not in volunteer.device_classes:
-        volunteer.device_classes = sorted([*volunteer.device_classes, cls])
-        contributions.raise_class_peaks(totals, [cls], volunteer.peak_signed_samples_per_second)
-    worker.last_seen_at = values["received_at"]
-    if volunteer.last_report_at is None or worker.last_seen_at > volunteer.last_report_at:
-        volunteer.last_report_at = worker.last_seen_at
+    inserted = {(run_id, seq) for run_id, seq in session.execute(stmt, points)}
+
+    buckets = _Buckets(session, runs)
+    stored = []
+    for (run_id, report, at), is_first in zip(reports, first, strict=True):
+        worker = runs[run_id]
+        new = is_first and (worker.id, report.seq) in inserted
+        total = totals[worker.experiment_id]
+        volunteer = volunteers[worker.experiment_id, worker.user_id]
+        if new:
+            buckets.add(worker, report, at)
+        if new and report.seq > worker.last_seq:
+            claimed = report.samples - worker.samples  # the run's count replaces its previous one in the sums
+            volunteer.claimed_samples += claimed
+            total.claimed_samples += claimed
+            total.worker_epoch = max(total.worker_epoch, report.epoch)
+            worker.last_seq = report.seq
+            worker.samples = report.samples
+            worker.epoch = report.epoch
+            worker.loss = report.loss
+            worker.samples_per_second = report.samples_per_second
+        if new and report.samples_per_second > volunteer.peak_claimed_samples_per_second:
+            volunteer.peak_claimed_samples_per_second = report.samples_per_second
+        cls = device_class(worker.device)
+        if cls not in volunteer.device_classes:
+            volunteer.device_classes = sorted([*volunteer.device_classes, cls])
+            contributions.raise_class_peaks(total, [cls], volunteer.peak_signed_samples_per_second)
+        worker.last_seen_at = at
+        if volunteer.last_report_at is None or worker.last_seen_at > volunteer.last_report_at:
+            volunteer.last_report_at = worker.last_seen_at
+        stored.append(new)
+    buckets.write(insert)
     session.flush()
-    return inserted
+    return stored
 
 
-def _add_to_buckets(session: Session, insert: Any, worker: WorkerRun, report: MetricReport, at: datetime) -> None:
-    """Add a newly stored report to its bucket of each resolution. Call before the run's latest numbers move:
-    an accepted report (seq above the run's latest) adds its samples over the run's previous count (the first
-    report: all of them), a late one adds none; the run counts once per bucket, on its first stored report
-    there."""
-    added = report.samples - worker.samples if report.seq > worker.last_seq else 0
-    second = math.floor(at.timestamp())
-    previous = worker.last_seen_at.timestamp() if worker.last_seen_at is not None else None
-    latest: list[datetime | None] = []
+class _Buckets:
+    """The metric buckets a batch adds to, summed per bucket in memory and written with one upsert. Each newly
+    stored report is added before its run's latest numbers move (:meth:`add`): an accepted report (seq above
+    the run's latest) adds its samples over the run's previous count (the first report: all of them), a late
+    one adds none; the run counts once per bucket, on its first stored report there."""
 
-    def reported_since(start: int) -> bool:
-        # The run's previous message was in this bucket, but it may have been a duplicate (not stored): look for
-        # a stored report there, first the run's latest accepted one (a key lookup), else, rarely (after a
-        # duplicate or a late report), through the run's reports, newest seq first.
-        if not latest:
-            latest.append(
-                session.scalar(
-                    select(MetricPoint.received_at).where(
-                        MetricPoint.worker_run_id == worker.id, MetricPoint.seq == worker.last_seq
-                    )
+    def __init__(self, session: Session, runs: dict[str, WorkerRun]):
+        self.session = session
+        self.sums: dict[tuple[int, int, int], list[float]] = {}
+        # When each run's latest accepted report was received, for those this batch accepted or looked up
+        self.accepted_at: dict[tuple[str, int], datetime | None] = {}
+        self.before = {run.id: run.last_seq for run in runs.values()}  # each run's latest seq before the batch
+
+    def _latest_accepted_at(self, worker: WorkerRun) -> datetime | None:
+        key = (worker.id, worker.last_seq)
+        if key not in self.accepted_at:  # accepted before this batch: one key lookup for every such run at once
+            wanted = [(run_id, seq) for run_id, seq in self.before.items() if (run_id, seq) not in self.accepted_at]
+            for run_id, seq in wanted:
+                self.accepted_at[run_id, seq] = None
+            found = self.session.execute(
+                select(MetricPoint.worker_run_id, MetricPoint.seq, MetricPoint.received_at).where(
+                    tuple_(MetricPoint.worker_run_id, MetricPoint.seq).in_(wanted)
                 )
             )
-        if latest[0] is not None and latest[0].timestamp() >= start:
+            for run_id, seq, received_at in found:
+                self.accepted_at[run_id, seq] = received_at
+        return self.accepted_at[key]
+
+    def _reported_since(self, worker: WorkerRun, start: int, at: datetime) -> bool:
+        # The run's previous message was in this bucket, but it may have been a duplicate (not stored): look for
+        # a stored report there, first the run's latest accepted one, else, rarely (after a duplicate or a late
+        # report), through the run's reports, newest seq first.
+        latest = self._latest_accepted_at(worker)
+        if latest is not None and latest.timestamp() >= start:
             return True
-        found = session.scalar(
+        found = self.session.scalar(
             select(MetricPoint.id)
             .where(
                 MetricPoint.worker_run_id == worker.id,
@@ -151,24 +207,38 @@ def _add_to_buckets(session: Session, insert: Any, worker: WorkerRun, report: Me
         )
         return found is not None
 
-    rows = []
-    for width in BUCKET_WIDTHS:
-        start = second // width * width
-        new_peer = previous is None or previous < start or not reported_since(start)
-        rows.append(
+    def add(self, worker: WorkerRun, report: MetricReport, at: datetime) -> None:
+        added = report.samples - worker.samples if report.seq > worker.last_seq else 0
+        second = math.floor(at.timestamp())
+        previous = worker.last_seen_at.timestamp() if worker.last_seen_at is not None else None
+        for width in BUCKET_WIDTHS:
+            start = second // width * width
+            new_peer = previous is None or previous < start or not self._reported_since(worker, start, at)
+            sums = self.sums.setdefault((worker.experiment_id, width, start), [0.0, 0, 0, 0])
+            sums[0] += report.loss
+            sums[1] += 1
+            sums[2] += added
+            sums[3] += int(new_peer)
+        if report.seq > worker.last_seq:
+            self.accepted_at[worker.id, report.seq] = at
+
+    def write(self, insert: Any) -> None:
+        if not self.sums:
+            return
+        rows = [
             {
-                "experiment_id": worker.experiment_id,
+                "experiment_id": experiment_id,
                 "width": width,
                 "bucket_start": start,
-                "loss_sum": report.loss,
-                "reports": 1,
-                "samples": added,
-                "peers": int(new_peer),
+                "loss_sum": loss_sum,
+                "reports": reports,
+                "samples": samples,
+                "peers": peers,
             }
-        )
-    stmt = insert(MetricBucket).values(rows)
-    session.execute(
-        stmt.on_conflict_do_update(
+            for (experiment_id, width, start), (loss_sum, reports, samples, peers) in sorted(self.sums.items())
+        ]
+        stmt = insert(MetricBucket.__table__)
+        stmt = stmt.on_conflict_do_update(
             index_elements=["experiment_id", "width", "bucket_start"],
             set_={
                 "loss_sum": MetricBucket.loss_sum + stmt.excluded.loss_sum,
@@ -177,7 +247,7 @@ def _add_to_buckets(session: Session, insert: Any, worker: WorkerRun, report: Me
                 "peers": MetricBucket.peers + stmt.excluded.peers,
             },
         )
-    )
+        self.session.execute(stmt, rows)
 
 
 def _active_since(window_seconds: int) -> datetime:

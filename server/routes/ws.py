@@ -1,8 +1,9 @@
 """Websockets: workers' metric reports in, live dashboard updates out.
 
 The report socket authenticates *before* accepting (bearer token + the worker run that the join
-created for this user and experiment), bounds and validates every message, and acknowledges each
-stored report by its ``seq`` so the worker can re-send what was lost.
+created for this user and experiment), bounds and validates every message, hands it to the process's
+report writer (``ingestion.py``: batched transactions) and acknowledges each report by its ``seq`` once
+it is committed, so the worker can re-send what was lost.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from swarmhub.worker.protocol import MAX_REPORT_BYTES, Ack, Control, ExperimentStatus, MetricReport
+from swarmhub.worker.protocol import MAX_REPORT_BYTES, Ack, MetricReport
 
-from .. import accounts, experiments, metrics
+from .. import accounts, experiments, ingestion
 from ..errors import AppError, Forbidden
-from ..models import Experiment, WorkerRun
+from ..models import WorkerRun, utcnow
 from ..observability import count_websocket
 from ..snapshots import dashboard_snapshot
 
-router = APIRouter()
+router = APIRouter(lifespan=ingestion.writer_lifespan)
 logger = logging.getLogger("swarmhub.ws")
 POLICY_VIOLATION = 1008
 MAX_MESSAGES_PER_SECOND = 50  # far above what a worker sends (about one message every 2 s)
@@ -50,22 +51,12 @@ def _authorize(app: Any, token: str | None, slug: str, worker_id: str) -> tuple[
         return worker.id, experiment.slug
 
 
-def _store(app: Any, worker_id: str, report: MetricReport) -> tuple[Control | None, bool]:
-    """Store a report; returns what stops the worker, if anything (a paused experiment, a removal), and
-    whether the report was new (not a re-sent duplicate)."""
-    with app.state.sessionmaker.begin() as session:
-        worker = session.get(WorkerRun, worker_id)
-        assert worker is not None
-        experiment = session.get(Experiment, worker.experiment_id)
-        assert experiment is not None
-        status = ExperimentStatus(experiment.status)
-        if experiments.is_banned(session, experiment, worker.user):
-            removed = Control(status=status, removed=True, message="the organizer removed you from this experiment")
-            return removed, False
-        stored = metrics.ingest(session, worker, report)
-        if status != ExperimentStatus.running:
-            return Control(status=status, message=f"the organizer set this experiment to {status.value}"), stored
-        return None, stored
+async def _store(app: Any, worker_id: str, report: MetricReport) -> ingestion.Outcome:
+    writer = getattr(app.state, "reports", None)
+    if writer is None:  # an app used without its lifespan (no writer task): store this one report alone
+        outcomes = await run_in_threadpool(ingestion.store, app.state.sessionmaker, [(worker_id, report, utcnow())])
+        return outcomes[0]
+    return await writer.submit(worker_id, report)
 
 
 @router.websocket("/ws/experiments/{slug}/report")
@@ -101,7 +92,7 @@ async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
                 field = ".".join(str(p) for p in first["loc"]) or "message"
                 await websocket.close(POLICY_VIOLATION, f"invalid report: {field}: {first['msg']}"[:120])
                 return
-            control, stored = await run_in_threadpool(_store, app, worker_id, message)
+            control, stored = await _store(app, worker_id, message)  # returns once the report is committed
             app.state.metrics.ingested.labels("stored" if stored else "duplicate").inc()
             if control is not None and control.removed:  # nothing more is stored from a removed volunteer
                 await websocket.send_text(control.model_dump_json())
