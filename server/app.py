@@ -99,7 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     instance = uuid.uuid4().hex  # this process, as the holder of swarm leases
 
-    def leased_run_ids() -> dict[str, tuple[str, list[str], dict[str, Any] | None]]:
+    def leased_run_ids() -> dict[str, tuple[str, list[str], dict[str, Any] | None, dict[str, Any] | None]]:
         """The running experiments whose swarm this process hosts: it renews or takes their leases."""
         with app.state.sessionmaker.begin() as session:
             running = {experiments.run_id(e): e for e in experiments.running(session)}

@@ -20,6 +20,8 @@ import click
 import httpx
 from pydantic import ValidationError
 
+from swarmhub.worker.protocol import OptimizerName
+
 from . import accounts, corpus, experiments, training_data
 from .db import make_engine, make_sessionmaker, migrate
 from .errors import AppError
@@ -111,7 +113,7 @@ def _seed_demo(settings: Settings) -> tuple[str, list[str]]:
                 "on the Python standard library's docstrings, with a tokenizer the server trained on them.",
                 task="albert-mlm",
                 task_params={"size": "tiny", "batch_size": 16, "warmup_steps": 5, "total_steps": 5000},
-                optimizer="lamb",
+                optimizer=OptimizerName.lamb,
                 learning_rate=0.05,
                 target_batch_size=256,
                 matchmaking_time=2.0,

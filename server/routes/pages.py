@@ -382,7 +382,8 @@ async def create_token(request: Request, session: DB, user: RequiredPageUser, we
     try:
         named = accounts.TokenCreate(name=str(form.get("name", "")).strip()[:100] or "token")
     except ValidationError as exc:
-        context = {"tokens": accounts.user_tokens(session, user), "new_token": None, "errors": _errors(exc)}
+        context: dict[str, Any] = {"tokens": accounts.user_tokens(session, user), "new_token": None}
+        context["errors"] = _errors(exc)
         return render(request, "account.html", context, user=user, web=web, status_code=422)
     value, _ = accounts.issue_token(session, user, named.name)
     context = {"tokens": accounts.user_tokens(session, user), "new_token": value}
