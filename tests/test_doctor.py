@@ -127,3 +127,30 @@ def test_a_worker_the_server_cannot_dial_joins_in_client_mode(db, live_server, c
     assert finding.status == doctor.WARN
     assert "you join in client mode" in finding.detail and "forward the TCP port" in finding.fix
     assert bound[0].startswith("/ip4/127.0.0.2/tcp/") and not bound[0].endswith("/tcp/0")
+
+
+def test_doctor_measures_a_task_that_trains_on_the_experiments_text(db, live_server, cli_env, tmp_path):
+    from swarmhub.server import corpus
+
+    owner = make_user(db, "olga")
+    make_experiment(db, owner, slug="albert-run", task="albert-mlm", task_params={"size": "tiny", "batch_size": 4})
+    url = live_server.url
+    args = ["doctor", "albert-run", "--listen", "/ip4/127.0.0.1/tcp/0"]
+    env = {**cli_env, "SWARMHUB_CACHE_DIR": str(tmp_path / "cache")}
+    # A draft serves no text: the throughput is not measured, with what to do, and nothing fails.
+    draft = CliRunner().invoke(main, args, env=env, catch_exceptions=False)
+    assert "throughput: not measured" in draft.output and "Traceback" not in draft.output, draft.output
+    text = corpus.builtin_text("python-docstrings", max_bytes=60_000).encode()
+    headers = bearer(url, "olga")
+    response = httpx.put(
+        f"{url}/api/experiments/albert-run/corpus",
+        headers=headers,
+        files={"file": ("docs.txt", text)},
+        data={"vocab_size": "300", "seq_length": "16"},
+    )
+    assert response.status_code == 200, response.text
+    httpx.post(f"{url}/api/experiments/albert-run/status", headers=headers, json={"action": "start"})
+    result = CliRunner().invoke(main, args, env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "samples/s on 'albert-mlm'" in result.output
+    assert list((tmp_path / "cache").rglob("tokenizer.json"))  # downloaded as `join` would, and cached

@@ -363,19 +363,25 @@ def join(
 
 def remote_corpus(server_url: str, token: str, joined: JoinResponse, cache_dir: Path) -> Any:
     """The experiment's corpus, downloaded as the task reads it and cached in ``cache_dir``."""
+    assert joined.data_path is not None
+    return corpus_of(server_url, token, joined.experiment.slug, cache_dir, joined.data_path)
+
+
+def corpus_of(server_url: str, token: str, slug: str, cache_dir: Path, data_path: str | None = None) -> Any:
     from .data import RemoteCorpus
 
+    path = data_path or f"/api/experiments/{slug}/data"  # slug: checked against SLUG_RE by the commands
     with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
-        manifest = api.data_manifest(joined)
+        manifest = api.data_manifest(slug, path)
 
     def get(name: str) -> bytes:
         with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
-            return api.data_file(joined, name)
+            return api.data_file(slug, path, name)
 
     def next_shard() -> int | None:
         try:
             with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
-                return api.next_shard(joined)
+                return api.next_shard(slug, path)
         except WorkerError as exc:  # training goes on with shards in this worker's own order
             logger.warning("could not ask the server for the next shard: %s", exc.message)
             return None
@@ -402,7 +408,7 @@ def doctor(slug: str | None, device: str, listen: Sequence[str]) -> None:
     from .training import resolve_device
 
     settings = _settings()
-    client, _ = _authed_client(settings)
+    client, token = _authed_client(settings)
     torch_device = resolve_device(device)
     with client:
         experiment = None
@@ -413,6 +419,11 @@ def doctor(slug: str | None, device: str, listen: Sequence[str]) -> None:
                 )
             experiment = client.experiment(slug)
         click.echo(f"Checking this machine for {client.server_url}" + (f" and {slug!r}" if slug else "") + ":")
+
+        def text() -> Any:  # the experiment's corpus, for a task that trains on one: downloaded as `join` does
+            assert slug is not None and token is not None
+            return corpus_of(client.server_url, token, slug, settings.corpus_dir(client.server_url, slug))
+
         findings = []
         for check in (
             lambda: checks.check_device(torch_device),
@@ -420,7 +431,11 @@ def doctor(slug: str | None, device: str, listen: Sequence[str]) -> None:
             lambda: checks.check_clock(client),
             lambda: checks.check_bandwidth(client),
             lambda: checks.check_reachability(client, listen)[0],
-            *([lambda: checks.check_throughput(experiment, torch_device)] if experiment is not None else []),
+            *(
+                [lambda: checks.check_throughput(experiment, torch_device, corpus=text)]
+                if experiment is not None
+                else []
+            ),
         ):
             finding = check()
             findings.append(finding)

@@ -325,24 +325,28 @@ class ApiClient:
 
     # -- the experiment's corpus (tasks that train on one) ------------------------------------------------
 
-    def data_manifest(self, join: JoinResponse) -> dict[str, Any]:
-        response = self._send("GET", f"{join.data_path}/manifest", auth=True, timeout=DATA_TIMEOUT)
-        self._raise_for_status(response, slug=join.experiment.slug)
+    def data_manifest(self, slug: str, data_path: str) -> dict[str, Any]:
+        response = self._send("GET", f"{data_path}/manifest", auth=True, timeout=DATA_TIMEOUT)
+        self._raise_data_status(response, slug)
         body = response.json()
         if not isinstance(body, dict) or not isinstance(body.get("shards"), list):
             raise WorkerError(f"Unexpected corpus manifest from {self.server_url}: try again later", ExitCode.ERROR)
         return body
 
-    def data_file(self, join: JoinResponse, name: str) -> bytes:
-        path = f"{join.data_path}/files/{quote(name, safe='/')}"
-        response = self._send("GET", path, auth=True, timeout=DATA_TIMEOUT)
-        self._raise_for_status(response, slug=join.experiment.slug)
+    def data_file(self, slug: str, data_path: str, name: str) -> bytes:
+        response = self._send("GET", f"{data_path}/files/{quote(name, safe='/')}", auth=True, timeout=DATA_TIMEOUT)
+        self._raise_data_status(response, slug)
         return response.content
 
-    def next_shard(self, join: JoinResponse) -> int:
-        response = self._send("POST", f"{join.data_path}/next-shard", auth=True)
-        self._raise_for_status(response, slug=join.experiment.slug)
+    def next_shard(self, slug: str, data_path: str) -> int:
+        response = self._send("POST", f"{data_path}/next-shard", auth=True)
+        self._raise_data_status(response, slug)
         return int(response.json()["index"])
+
+    def _raise_data_status(self, response: httpx.Response, slug: str) -> None:
+        if response.status_code == 409:  # not running, or no text yet
+            raise WorkerError(f"{slug!r} serves no training text now ({_detail(response)})", ExitCode.NOT_ACCEPTING)
+        self._raise_for_status(response, slug=slug)
 
 
 def _body_flag(response: httpx.Response, name: str) -> bool:

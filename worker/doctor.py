@@ -13,7 +13,7 @@ import resource
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,14 +57,24 @@ def check_device(device: torch.device) -> Finding:
     return Finding("device", OK, f"cpu, {torch.get_num_threads()} threads, fp32 ({gpu})", fix)
 
 
-def check_throughput(experiment: Any, device: torch.device, seconds: float = 5.0) -> Finding:
-    """A few timed training steps of the experiment's task on this device (forward and backward)."""
+def check_throughput(
+    experiment: Any, device: torch.device, seconds: float = 5.0, corpus: Callable[[], Any] | None = None
+) -> Finding:
+    """A few timed training steps of the experiment's task on this device (forward and backward). ``corpus``
+    gives the experiment's training text, for a task that trains on one (it is downloaded, as `join` would)."""
     from .training import load_task
 
     try:
         task = load_task(experiment.task, experiment.task_params)
     except WorkerError as exc:
         return Finding("throughput", FAIL, exc.message)
+    if task.needs_corpus:
+        try:
+            if corpus is None:
+                raise WorkerError("it trains on the experiment's text")
+            task.attach(corpus())
+        except WorkerError as exc:  # a draft or paused experiment serves no text yet
+            return Finding("throughput", WARN, f"not measured: {exc.message}", "run it again once the experiment runs")
     model = task.build_model().to(device)
     batches = task.batches(seed=0)
     steps, started = 0, None
