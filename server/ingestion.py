@@ -33,7 +33,7 @@ from . import metrics
 from .models import Experiment, ExperimentBan, WorkerRun, utcnow
 
 logger = logging.getLogger("swarmhub.ingestion")
-INTERVAL = 0.02  # seconds: at most one commit per interval (50 a second), on the leading edge
+INTERVAL = 0.05  # seconds: at most one commit per interval (20 a second), on the leading edge
 MAX_BATCH = 1000  # reports per transaction
 MAX_QUEUE = 5000  # reports waiting; beyond this a socket waits before it reads its next message
 
