@@ -63,8 +63,8 @@ def store(db: sessionmaker[Session], items: list[tuple[str, MetricReport, dateti
         if missing:
             raise LookupError(f"unknown worker runs {sorted(missing)}")
         experiment_ids = {experiment_id for experiment_id, _ in runs.values()}
-        found = session.execute(select(Experiment.id, Experiment.status).where(Experiment.id.in_(experiment_ids)))
-        statuses = {experiment_id: status for experiment_id, status in found}
+        status_rows = session.execute(select(Experiment.id, Experiment.status).where(Experiment.id.in_(experiment_ids)))
+        statuses = {experiment_id: status for experiment_id, status in status_rows}
         bans = select(ExperimentBan.experiment_id, ExperimentBan.user_id).where(
             ExperimentBan.experiment_id.in_(experiment_ids),
             ExperimentBan.user_id.in_({user_id for _, user_id in runs.values()}),

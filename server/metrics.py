@@ -6,10 +6,10 @@ import base64
 import math
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, NamedTuple, cast
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
-from sqlalchemy import Select, func, select, tuple_
+from sqlalchemy import Select, Table, func, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -69,6 +69,11 @@ class MetricsPublic(BaseModel):
     series: list[SeriesPoint]
 
 
+# Core tables for the batch's many-row statements (no ORM bookkeeping per row)
+_POINTS = cast(Table, MetricPoint.__table__)
+_BUCKETS = cast(Table, MetricBucket.__table__)
+
+
 def ingest(session: Session, worker: WorkerRun, report: MetricReport) -> bool:
     """Store one report exactly once, and keep the run's latest numbers and the volunteer's and experiment's
     running totals in step. Returns False for a duplicate (already stored) message."""
@@ -120,7 +125,7 @@ def ingest_many(session: Session, reports: Sequence[tuple[str, MetricReport, dat
     # One statement for the rows (SQLAlchemy sends a list of parameters as multi-row INSERTs, compiled once);
     # RETURNING names the rows that were new.
     stmt = (
-        insert(MetricPoint.__table__)
+        insert(_POINTS)
         .on_conflict_do_nothing(index_elements=["worker_run_id", "seq"])
         .returning(MetricPoint.worker_run_id, MetricPoint.seq)
     )
@@ -237,7 +242,7 @@ class _Buckets:
             }
             for (experiment_id, width, start), (loss_sum, reports, samples, peers) in sorted(self.sums.items())
         ]
-        stmt = insert(MetricBucket.__table__)
+        stmt = insert(_BUCKETS)
         stmt = stmt.on_conflict_do_update(
             index_elements=["experiment_id", "width", "bucket_start"],
             set_={
@@ -300,7 +305,7 @@ class LeaderboardPage(BaseModel):
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last page")
 
 
-def _ranked(experiment: Experiment) -> Select[tuple[VolunteerTotal]]:
+def _ranked(experiment: Experiment) -> Select[VolunteerTotal]:
     # The order of ix_volunteer_totals_rank, so that a page is an index range that stops at the page.
     return (
         select(VolunteerTotal)
