@@ -112,6 +112,32 @@ def test_an_upload_over_the_limit_is_refused_before_it_is_read(client, db, setti
     assert stored(db, "albert-run") is None and corpora_on_disk(settings) == []
 
 
+def test_a_file_name_the_database_cannot_store_is_cleaned(client, db, docstrings):
+    alice = make_user(db)
+    albert(db, alice)
+    # Written by hand: httpx would percent-encode the name, a raw client need not.
+    boundary = "swarmhub-test-boundary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="doc\x00s\x07.txt"\r\n'
+            "Content-Type: text/plain\r\n\r\n"
+        ).encode()
+        + docstrings
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    response = client.put(
+        "/api/experiments/albert-run/corpus",
+        headers={**api_token(client), "Content-Type": f"multipart/form-data; boundary={boundary}"},
+        content=body,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["source"] == "upload:doc?s?.txt"
+    refused = client.put(
+        "/api/experiments/albert-run/corpus", headers=api_token(client), data={"source": "builtin:x\x00", **SMALL}
+    )
+    assert refused.status_code == 400 and refused.json()["field"] == "source"
+
+
 def test_too_little_text_says_how_much_is_needed(client, db, settings):
     alice = make_user(db)
     albert(db, alice)

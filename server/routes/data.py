@@ -41,6 +41,11 @@ def upload_limit(request: Request, settings: AppSettings) -> None:
 UploadLimit = Depends(upload_limit)
 
 
+def _printable(name: str) -> str:
+    """A file name as the page shows it: no control characters (PostgreSQL text cannot hold a NUL), bounded."""
+    return "".join(c if c.isprintable() else "?" for c in name)[:200]
+
+
 class ShardTurn(BaseModel):
     index: int
 
@@ -59,7 +64,7 @@ async def set_corpus_from_form(
             raise BadRequest("give a file or a source, not both", field="source")
         data = await upload.read(training_data.max_bytes(settings) + 1)
         text = await run_in_threadpool(training_data.read_upload, data, settings, upload.filename)
-        label = f"upload:{upload.filename}"
+        label = f"upload:{_printable(upload.filename)}"
     elif source:
         text = await run_in_threadpool(training_data.read_source, settings, source)
         label = source
