@@ -2,9 +2,10 @@
 
 Every report socket (``routes/ws.py``) validates and rate-limits its messages, then hands each report to the
 process's :class:`ReportWriter` and waits. The writer stores whatever has queued from all sockets in one
-transaction (``metrics.ingest_many``: a multi-row insert, one bucket upsert, one update per touched row) and
-only after the commit answers each waiting socket, which then acknowledges the report. So an ack still means
-"stored": a report queued or in a batch that fails is never acknowledged, and the worker re-sends it.
+transaction (``metrics.ingest_many``: Core statements only, a multi-row insert, one bucket upsert, one
+executemany update each of the touched worker runs and totals) and only after the commit answers each waiting
+socket, which then acknowledges the report. So an ack still means "stored": a report queued or in a batch that
+fails is never acknowledged, and the worker re-sends it.
 
 Commits are at least ``interval`` apart, on the leading edge: a report after a quiet spell is stored at once,
 and the reports that arrive during a commit or its interval ride on the next one. The queue is bounded: when

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any, NamedTuple, cast
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
-from sqlalchemy import Select, Table, func, select, tuple_
+from sqlalchemy import Select, Table, bindparam, func, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -69,9 +69,107 @@ class MetricsPublic(BaseModel):
     series: list[SeriesPoint]
 
 
-# Core tables for the batch's many-row statements (no ORM bookkeeping per row)
+# Core tables for the batch's statements: plain rows and bound parameters, no ORM bookkeeping per row
 _POINTS = cast(Table, MetricPoint.__table__)
 _BUCKETS = cast(Table, MetricBucket.__table__)
+_RUNS = cast(Table, WorkerRun.__table__)
+_VOLUNTEERS = cast(Table, VolunteerTotal.__table__)
+_TOTALS = cast(Table, ExperimentTotal.__table__)
+
+_RUN_COLUMNS = ("last_seen_at", "samples", "epoch", "loss", "samples_per_second", "last_seq")
+_VOLUNTEER_COLUMNS = ("claimed_samples", "peak_claimed_samples_per_second", "device_classes", "last_report_at")
+_TOTAL_COLUMNS = ("claimed_samples", "worker_epoch", "signed_peaks")  # signed_peaks: written when it moves
+
+
+def _update_by_key(table: Table, keys: tuple[str, ...], columns: tuple[str, ...]) -> Any:
+    """An UPDATE of ``columns`` where the row's ``keys`` match, for executemany: each parameter set names the
+    keys as ``k_<key>`` and the new values as ``v_<column>``."""
+    return (
+        update(table)
+        .where(*(table.c[key] == bindparam(f"k_{key}") for key in keys))
+        .values({column: bindparam(f"v_{column}") for column in columns})
+    )
+
+
+_UPDATE_RUNS = _update_by_key(_RUNS, ("id",), _RUN_COLUMNS)
+_UPDATE_VOLUNTEERS = _update_by_key(_VOLUNTEERS, ("experiment_id", "user_id"), _VOLUNTEER_COLUMNS)
+_UPDATE_TOTALS = _update_by_key(_TOTALS, ("experiment_id",), _TOTAL_COLUMNS[:2])
+_UPDATE_PEAKS = _update_by_key(_TOTALS, ("experiment_id",), _TOTAL_COLUMNS[2:])
+
+
+class _Run:
+    """A worker run's row as a batch reads and moves it."""
+
+    __slots__ = ("id", "experiment_id", "user_id", "device", *_RUN_COLUMNS)
+
+    def __init__(self, row: Any):
+        for name in self.__slots__:
+            setattr(self, name, getattr(row, name))
+
+    id: str
+    experiment_id: int
+    user_id: int
+    device: str
+    last_seen_at: datetime | None
+    samples: int
+    epoch: int
+    loss: float | None
+    samples_per_second: float
+    last_seq: int
+
+
+class _Volunteer:
+    """A volunteer's totals row in one experiment as a batch moves it (``new``: not in the database yet)."""
+
+    __slots__ = ("user_id", "new", "peak_signed_samples_per_second", *_VOLUNTEER_COLUMNS)
+
+    def __init__(self, user_id: int, row: Any = None):
+        self.user_id = user_id
+        self.new = row is None
+        self.claimed_samples: int = row.claimed_samples if row is not None else 0
+        self.peak_claimed_samples_per_second: float = row.peak_claimed_samples_per_second if row is not None else 0.0
+        self.device_classes: list[str] = row.device_classes if row is not None else []
+        self.last_report_at: datetime | None = row.last_report_at if row is not None else None
+        self.peak_signed_samples_per_second: float = row.peak_signed_samples_per_second if row is not None else 0.0
+
+
+class _Totals:
+    """An experiment's totals row, locked, as a batch moves it."""
+
+    __slots__ = ("experiment_id", *_TOTAL_COLUMNS)
+
+    def __init__(self, row: Any):
+        self.experiment_id: int = row.experiment_id
+        self.claimed_samples: int = row.claimed_samples
+        self.worker_epoch: int = row.worker_epoch
+        self.signed_peaks: dict[str, float] = row.signed_peaks
+
+
+def _params(row: Any, keys: tuple[str, ...], columns: tuple[str, ...]) -> dict[str, Any]:
+    return {**{f"k_{key}": getattr(row, key) for key in keys}, **{f"v_{c}": getattr(row, c) for c in columns}}
+
+
+def _insert_points(insert: Any) -> Any:
+    return (
+        insert(_POINTS)
+        .on_conflict_do_nothing(index_elements=["worker_run_id", "seq"])
+        .returning(_POINTS.c.worker_run_id, _POINTS.c.seq)
+    )
+
+
+def _lock_totals(session: Session, experiment_id: int, insert: Any) -> _Totals:
+    # As contributions.experiment_totals, without an ORM object: everything that changes totals takes this
+    # lock first, so updates of one experiment's totals never interleave.
+    stmt = (
+        select(_TOTALS.c.experiment_id, *(_TOTALS.c[column] for column in _TOTAL_COLUMNS))
+        .where(_TOTALS.c.experiment_id == experiment_id)
+        .with_for_update()
+    )
+    row = session.execute(stmt).one_or_none()
+    if row is None:
+        session.execute(insert(_TOTALS).values(experiment_id=experiment_id).on_conflict_do_nothing())
+        row = session.execute(stmt).one()
+    return _Totals(row)
 
 
 def ingest(session: Session, worker: WorkerRun, report: MetricReport) -> bool:
@@ -82,86 +180,132 @@ def ingest(session: Session, worker: WorkerRun, report: MetricReport) -> bool:
 
 def ingest_many(session: Session, reports: Sequence[tuple[str, MetricReport, datetime]]) -> list[bool]:
     """Store reports (each with its worker run's id and the time it was received) as :func:`ingest` would one
-    after another, in the order given, with a few statements for the whole batch: one multi-row insert of the
-    metric points, one upsert of the buckets they fall in, one update per touched worker run and totals row.
-    Returns, for each report, whether it was new (False: already stored, or given twice here). Worker runs
-    already in the session are refreshed and updated in place."""
+    after another, in the order given, with a few Core statements for the whole batch: one multi-row insert of
+    the metric points, one upsert of the buckets they fall in, and one executemany UPDATE each for the touched
+    worker runs, volunteer totals and experiment totals. Returns, for each report, whether it was new (False:
+    already stored, or given twice here). Worker runs and totals the session already holds as ORM objects are
+    expired, so that they read the new numbers on next access."""
     if not reports:
         return []
+    session.flush()  # what the session holds goes first: the statements below bypass its unit of work
     dialect = session.get_bind().dialect.name
     insert = pg_insert if dialect == "postgresql" else sqlite_insert
     run_ids = {run_id for run_id, *_ in reports}
     # Locked until commit, in one order, so that batches and ledger reads of an experiment take turns and never
     # wait on each other crosswise; the runs are read under those locks.
-    experiment_ids = session.scalars(select(WorkerRun.experiment_id).where(WorkerRun.id.in_(run_ids)).distinct())
-    totals = {eid: contributions.experiment_totals(session, eid) for eid in sorted(experiment_ids)}
-    runs = {
-        run.id: run
-        for run in session.scalars(
-            select(WorkerRun).where(WorkerRun.id.in_(run_ids)).execution_options(populate_existing=True)
-        )
-    }
-    volunteers: dict[tuple[int, int], VolunteerTotal] = {}
+    experiment_ids = session.scalars(select(_RUNS.c.experiment_id).where(_RUNS.c.id.in_(run_ids)).distinct())
+    totals = {eid: _lock_totals(session, eid, insert) for eid in sorted(experiment_ids)}
+    run_rows = session.execute(
+        select(
+            _RUNS.c.id, _RUNS.c.experiment_id, _RUNS.c.user_id, _RUNS.c.device, *(_RUNS.c[c] for c in _RUN_COLUMNS)
+        ).where(_RUNS.c.id.in_(run_ids))
+    )
+    runs = {row.id: _Run(row) for row in run_rows}
+    volunteers: dict[tuple[int, int], _Volunteer] = {}
     for eid in totals:
         users = {run.user_id for run in runs.values() if run.experiment_id == eid}
-        for user_id, row in contributions.volunteer_totals(session, eid, users).items():
-            volunteers[eid, user_id] = row
+        found = session.execute(
+            select(
+                _VOLUNTEERS.c.user_id,
+                _VOLUNTEERS.c.peak_signed_samples_per_second,
+                *(_VOLUNTEERS.c[c] for c in _VOLUNTEER_COLUMNS),
+            ).where(_VOLUNTEERS.c.experiment_id == eid, _VOLUNTEERS.c.user_id.in_(users))
+        )
+        for row in found:
+            volunteers[eid, row.user_id] = _Volunteer(row.user_id, row)
+        for user_id in users:
+            if (eid, user_id) not in volunteers:
+                volunteers[eid, user_id] = _Volunteer(user_id)
 
     first: list[bool] = []  # the first time this batch holds the (run, seq): later copies are duplicates
     seen: set[tuple[str, int]] = set()
     points: list[dict[str, Any]] = []
     for run_id, report, at in reports:
-        first.append((run_id, report.seq) not in seen)
-        seen.add((run_id, report.seq))
+        key = (run_id, report.seq)
+        first.append(key not in seen)
         if first[-1]:
+            seen.add(key)
             points.append(
                 {
                     "experiment_id": runs[run_id].experiment_id,
                     "worker_run_id": run_id,
                     "received_at": at,
-                    **report.model_dump(exclude={"type"}),
+                    "seq": report.seq,
+                    "step": report.step,
+                    "epoch": report.epoch,
+                    "samples": report.samples,
+                    "loss": report.loss,
+                    "samples_per_second": report.samples_per_second,
+                    "peers": report.peers,
+                    "averaged_peers": report.averaged_peers,
                 }
             )
     # One statement for the rows (SQLAlchemy sends a list of parameters as multi-row INSERTs, compiled once);
     # RETURNING names the rows that were new.
-    stmt = (
-        insert(_POINTS)
-        .on_conflict_do_nothing(index_elements=["worker_run_id", "seq"])
-        .returning(MetricPoint.worker_run_id, MetricPoint.seq)
-    )
-    inserted = {(run_id, seq) for run_id, seq in session.execute(stmt, points)}
+    inserted = {(run_id, seq) for run_id, seq in session.execute(_insert_points(insert), points)}
 
     buckets = _Buckets(session, runs)
+    classes: dict[str, str] = {}  # device -> device class
+    peaks_changed: set[int] = set()
     stored = []
     for (run_id, report, at), is_first in zip(reports, first, strict=True):
         worker = runs[run_id]
-        new = is_first and (worker.id, report.seq) in inserted
+        new = is_first and (run_id, report.seq) in inserted
         total = totals[worker.experiment_id]
         volunteer = volunteers[worker.experiment_id, worker.user_id]
         if new:
             buckets.add(worker, report, at)
-        if new and report.seq > worker.last_seq:
-            claimed = report.samples - worker.samples  # the run's count replaces its previous one in the sums
-            volunteer.claimed_samples += claimed
-            total.claimed_samples += claimed
-            total.worker_epoch = max(total.worker_epoch, report.epoch)
-            worker.last_seq = report.seq
-            worker.samples = report.samples
-            worker.epoch = report.epoch
-            worker.loss = report.loss
-            worker.samples_per_second = report.samples_per_second
-        if new and report.samples_per_second > volunteer.peak_claimed_samples_per_second:
-            volunteer.peak_claimed_samples_per_second = report.samples_per_second
-        cls = device_class(worker.device)
+            if report.seq > worker.last_seq:
+                claimed = report.samples - worker.samples  # the run's count replaces its previous one in the sums
+                volunteer.claimed_samples += claimed
+                total.claimed_samples += claimed
+                total.worker_epoch = max(total.worker_epoch, report.epoch)
+                worker.last_seq = report.seq
+                worker.samples = report.samples
+                worker.epoch = report.epoch
+                worker.loss = report.loss
+                worker.samples_per_second = report.samples_per_second
+            if report.samples_per_second > volunteer.peak_claimed_samples_per_second:
+                volunteer.peak_claimed_samples_per_second = report.samples_per_second
+        cls = classes.get(worker.device)
+        if cls is None:
+            cls = classes[worker.device] = device_class(worker.device)
         if cls not in volunteer.device_classes:
             volunteer.device_classes = sorted([*volunteer.device_classes, cls])
-            contributions.raise_class_peaks(total, [cls], volunteer.peak_signed_samples_per_second)
+            peak = max(total.signed_peaks.get(cls, 0.0), volunteer.peak_signed_samples_per_second)
+            if total.signed_peaks.get(cls) != peak:  # as contributions.raise_class_peaks
+                total.signed_peaks = {**total.signed_peaks, cls: peak}
+                peaks_changed.add(total.experiment_id)
         worker.last_seen_at = at
-        if volunteer.last_report_at is None or worker.last_seen_at > volunteer.last_report_at:
-            volunteer.last_report_at = worker.last_seen_at
+        if volunteer.last_report_at is None or at > volunteer.last_report_at:
+            volunteer.last_report_at = at
         stored.append(new)
     buckets.write(insert)
-    session.flush()
+    session.execute(_UPDATE_RUNS, [_params(run, ("id",), _RUN_COLUMNS) for run in runs.values()])
+    added = [
+        {"experiment_id": eid, "user_id": v.user_id, **{c: getattr(v, c) for c in _VOLUNTEER_COLUMNS}}
+        for (eid, _), v in volunteers.items()
+        if v.new
+    ]
+    if added:
+        names = dict(
+            session.execute(select(User.id, User.username).where(User.id.in_({r["user_id"] for r in added}))).all()
+        )
+        session.execute(insert(_VOLUNTEERS), [{**r, "sort_name": names[r["user_id"]].lower()} for r in added])
+    changed = [
+        {"k_experiment_id": eid, "k_user_id": v.user_id, **{f"v_{c}": getattr(v, c) for c in _VOLUNTEER_COLUMNS}}
+        for (eid, _), v in volunteers.items()
+        if not v.new
+    ]
+    if changed:
+        session.execute(_UPDATE_VOLUNTEERS, changed)
+    session.execute(_UPDATE_TOTALS, [_params(t, ("experiment_id",), _TOTAL_COLUMNS[:2]) for t in totals.values()])
+    if peaks_changed:
+        changed_peaks = [_params(totals[eid], ("experiment_id",), _TOTAL_COLUMNS[2:]) for eid in sorted(peaks_changed)]
+        session.execute(_UPDATE_PEAKS, changed_peaks)
+    for obj in list(session.identity_map.values()):
+        if isinstance(obj, (WorkerRun, VolunteerTotal, ExperimentTotal)):
+            session.expire(obj)
     return stored
 
 
@@ -171,14 +315,14 @@ class _Buckets:
     the run's latest) adds its samples over the run's previous count (the first report: all of them), a late
     one adds none; the run counts once per bucket, on its first stored report there."""
 
-    def __init__(self, session: Session, runs: dict[str, WorkerRun]):
+    def __init__(self, session: Session, runs: dict[str, _Run]):
         self.session = session
         self.sums: dict[tuple[int, int, int], list[float]] = {}
         # When each run's latest accepted report was received, for those this batch accepted or looked up
         self.accepted_at: dict[tuple[str, int], datetime | None] = {}
         self.before = {run.id: run.last_seq for run in runs.values()}  # each run's latest seq before the batch
 
-    def _latest_accepted_at(self, worker: WorkerRun) -> datetime | None:
+    def _latest_accepted_at(self, worker: _Run) -> datetime | None:
         key = (worker.id, worker.last_seq)
         if key not in self.accepted_at:  # accepted before this batch: one key lookup for every such run at once
             wanted = [(run_id, seq) for run_id, seq in self.before.items() if (run_id, seq) not in self.accepted_at]
@@ -193,7 +337,7 @@ class _Buckets:
                 self.accepted_at[run_id, seq] = received_at
         return self.accepted_at[key]
 
-    def _reported_since(self, worker: WorkerRun, start: int, at: datetime) -> bool:
+    def _reported_since(self, worker: _Run, start: int, at: datetime) -> bool:
         # The run's previous message was in this bucket, but it may have been a duplicate (not stored): look for
         # a stored report there, first the run's latest accepted one, else, rarely (after a duplicate or a late
         # report), through the run's reports, newest seq first.
@@ -212,7 +356,7 @@ class _Buckets:
         )
         return found is not None
 
-    def add(self, worker: WorkerRun, report: MetricReport, at: datetime) -> None:
+    def add(self, worker: _Run, report: MetricReport, at: datetime) -> None:
         added = report.samples - worker.samples if report.seq > worker.last_seq else 0
         second = math.floor(at.timestamp())
         previous = worker.last_seen_at.timestamp() if worker.last_seen_at is not None else None

@@ -12,7 +12,14 @@ from sqlalchemy import func, select
 
 from swarmhub.server import experiments, metrics
 from swarmhub.server.ingestion import ReportWriter
-from swarmhub.server.models import ExperimentBan, MetricBucket, MetricPoint, VolunteerTotal, WorkerRun
+from swarmhub.server.models import (
+    ExperimentBan,
+    ExperimentTotal,
+    MetricBucket,
+    MetricPoint,
+    VolunteerTotal,
+    WorkerRun,
+)
 from swarmhub.worker.protocol import MetricReport
 
 from .conftest import make_experiment, make_user
@@ -155,10 +162,32 @@ def test_batches_keep_the_same_totals_and_buckets_as_one_by_one(db, batch):
                 .where(MetricBucket.experiment_id == experiment_id)
                 .order_by(MetricBucket.width, MetricBucket.bucket_start)
             ).all()
+            total = session.get(ExperimentTotal, experiment_id)
             return (
-                [(w.last_seq, w.samples, w.loss, w.last_seen_at) for w in workers],
-                sorted((v.claimed_samples, v.peak_claimed_samples_per_second, v.last_report_at) for v in volunteers),
+                [(w.last_seq, w.samples, w.epoch, w.loss, w.samples_per_second, w.last_seen_at) for w in workers],
+                sorted(
+                    (v.claimed_samples, v.peak_claimed_samples_per_second, v.device_classes, v.last_report_at)
+                    for v in volunteers
+                ),
+                (total.claimed_samples, total.worker_epoch, total.signed_peaks),
                 [(b.width, b.bucket_start, b.loss_sum, b.reports, b.samples, b.peers) for b in buckets],
             )
 
     assert state(batched) == state(singles)
+
+
+def test_rows_the_session_holds_read_the_stored_numbers(db):
+    """``ingest`` writes with Core statements: a worker run and totals already loaded in the caller's session
+    show the new numbers afterwards, and a volunteer's first report creates their totals row."""
+    (run_id,) = start_runs(db, "held", 1)
+    with db.begin() as session:
+        worker = session.get(WorkerRun, run_id)
+        key = (worker.experiment_id, worker.user_id)
+        assert session.get(VolunteerTotal, key) is None
+        assert metrics.ingest(session, worker, report(0, 40))
+        assert (worker.last_seq, worker.samples, worker.samples_per_second) == (0, 40, 10.0)
+        volunteer, total = session.get(VolunteerTotal, key), session.get(ExperimentTotal, worker.experiment_id)
+        assert (volunteer.sort_name, volunteer.claimed_samples, volunteer.device_classes) == ("held-v0", 40, ["cpu"])
+        assert total.claimed_samples == 40
+        assert metrics.ingest(session, worker, report(1, 70))
+        assert (worker.last_seq, worker.samples, volunteer.claimed_samples, total.claimed_samples) == (1, 70, 70, 70)
