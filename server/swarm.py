@@ -297,10 +297,6 @@ class SwarmHost:
             return False
         return time.monotonic() - self._keeper_started.get(run_id, 0.0) < KEEPER_WAIT_SECONDS
 
-    def keeper_running(self, run_id: str) -> bool:
-        process = self._keepers.get(run_id)
-        return process is not None and process.poll() is None
-
     def _local_maddrs(self, peer: Peer) -> list[str]:
         """Where a process on this machine reaches ``peer``: its announced (public) address may not loop back
         through the NAT, its listening address does."""
