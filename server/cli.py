@@ -191,11 +191,19 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2, experi
     url = f"http://{host}:{port}"
     env = {**os.environ, "SWARMHUB_DATA_DIR": str(demo_dir), "SWARMHUB_DATABASE_URL": database_url}
     exe = [sys.executable, "-m", "swarmhub.worker.cli"]
-    server = subprocess.Popen([*exe, "server", "--host", host, "--port", str(port), "--log-level", "warning"], env=env)
-    processes = [server]
-    # Ctrl-C reaches the whole foreground process group; the children stop by themselves and we wait.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Each child runs in a session of its own, so a terminal's Ctrl-C reaches only this process, which then
+    # stops each child with exactly one SIGTERM: a second signal would make a worker force its exit instead
+    # of leaving the swarm cleanly, and uvicorn skip its graceful shutdown.
+    processes: list[subprocess.Popen[bytes]] = []
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):  # also a closed terminal: nothing may outlive the demo
+        signal.signal(stop_signal, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
+        server = subprocess.Popen(
+            [*exe, "server", "--host", host, "--port", str(port), "--log-level", "warning"],
+            env=env,
+            start_new_session=True,
+        )
+        processes.append(server)
         _wait_healthy(url, server)
         for index, token in enumerate(tokens[:workers]):
             worker_env = {
@@ -212,6 +220,7 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2, experi
                     env=worker_env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
             )
         click.echo("")
@@ -226,6 +235,8 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2, experi
     except KeyboardInterrupt:
         click.echo("\nStopping the workers and the server…")
     finally:
+        for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # another Ctrl-C must not cut this short
+            signal.signal(stop_signal, signal.SIG_IGN)
         _stop(processes[1:])
         _stop(processes[:1])
     click.echo("Stopped. Nothing is left running.")

@@ -721,9 +721,11 @@ def admin(username: str, password_stdin: bool) -> None:
     show_default=True,
     help="Which demo experiment the two local workers train",
 )
-def demo(experiment: str) -> None:
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the server and the workers listen on")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="The server's port")
+def demo(experiment: str, host: str, port: int) -> None:
     """Start a server, two demo experiments and two local workers (needs the [server] extra)."""
-    _exit_with(_server_cli().run_demo(experiment=experiment))
+    _exit_with(_server_cli().run_demo(host=host, port=port, experiment=experiment))
 
 
 if __name__ == "__main__":  # `python -m swarmhub.worker.cli`, as `swarmhub demo` runs its workers
