@@ -88,3 +88,54 @@ def test_unknown_device_code(client):
     response = client.post("/api/auth/device/token", json={"device_code": "made-up"})
     assert response.status_code == 400
     assert response.json()["field"] == "device_code"
+
+
+DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
+
+
+def test_rfc_clients_post_forms(client, db):
+    """RFC 8628's clients send application/x-www-form-urlencoded (sections 3.1 and 3.4), with a client_id."""
+    make_user(db)
+    code = client.post("/api/auth/device/code", data={"client_id": "tv-app", "client_name": "living-room tv"})
+    assert code.status_code == 200, code.text
+    code = code.json()
+    form = {"grant_type": DEVICE_GRANT, "device_code": code["device_code"], "client_id": "tv-app"}
+    pending = client.post("/api/auth/device/token", data=form)
+    assert (pending.status_code, pending.json()) == (400, {"error": "authorization_pending"})
+
+    csrf = login(client)
+    assert "living-room tv" in client.get(f"/device?user_code={code['user_code']}").text
+    client.post("/device", data={"user_code": code["user_code"], "decision": "approve", "csrf_token": csrf})
+    allow_next_poll(db)
+    token = client.post("/api/auth/device/token", data=form)
+    assert token.status_code == 200, token.text
+    assert token.json()["username"] == "alice"
+    assert client.get("/api/me", headers={"Authorization": f"Bearer {token.json()['access_token']}"}).status_code == 200
+
+
+def test_a_form_without_a_device_code_is_refused_naming_it(client):
+    response = client.post("/api/auth/device/token", data={"grant_type": DEVICE_GRANT})
+    assert response.status_code == 422
+    assert [error["loc"] for error in response.json()["detail"]] == [["body", "device_code"]]
+
+
+def test_other_grant_types_are_unsupported(client, db):
+    """RFC 6749 section 5.2: a grant type this endpoint does not issue tokens for is `unsupported_grant_type`,
+    whether sent as a form or as JSON, and the device code it carried is left as it was."""
+    make_user(db)
+    code = start(client)
+    for grant_type in ("password", "authorization_code", "urn:ietf:params:oauth:grant-type:device_code2"):
+        body = {"grant_type": grant_type, "device_code": code["device_code"]}
+        for sent in (
+            client.post("/api/auth/device/token", data=body),
+            client.post("/api/auth/device/token", json=body),
+        ):
+            assert (sent.status_code, sent.json()) == (400, {"error": "unsupported_grant_type"})
+
+    # The refused requests did not count as polls (this one would be slow_down) nor used the code up.
+    assert poll(client, code).json() == {"error": "authorization_pending"}
+    csrf = login(client)
+    client.post("/device", data={"user_code": code["user_code"], "decision": "approve", "csrf_token": csrf})
+    allow_next_poll(db)
+    token = poll(client, code)
+    assert token.status_code == 200, token.text

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from swarmhub.worker.protocol import (
     DenyListPublic,
@@ -33,13 +34,57 @@ from ..snapshots import base_url, metrics_public
 router = APIRouter(prefix="/api", tags=["api"], responses=documented(400, 401, 403, 404, 409, 429, 503))
 
 
+DEVICE_CODE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
+FORM = "application/x-www-form-urlencoded"
+BodyModel = TypeVar("BodyModel", bound=BaseModel)
+
+
 class DeviceCodeRequest(BaseModel):
     client_name: StoredText = Field(default="swarmhub CLI", max_length=100)
 
 
 class DeviceTokenRequest(BaseModel):
     device_code: str = Field(max_length=200)
-    grant_type: str = "urn:ietf:params:oauth:grant-type:device_code"
+    grant_type: str = Field(default=DEVICE_CODE_GRANT, max_length=200, description="RFC 8628: the device-code grant")
+
+
+def form_or_json(model: type[BodyModel]) -> Any:
+    """A body of ``model`` read from JSON, as ``swarmhub login`` sends it, or from a form, as RFC 8628's clients
+    do (sections 3.1 and 3.4: application/x-www-form-urlencoded). Errors are the same 422 as any body's."""
+
+    async def parse(request: Request) -> BodyModel:
+        data: Any
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() == FORM:
+            data = dict((await request.form()).items())
+        else:
+            try:
+                data = await request.json()
+            except ValueError:
+                error = {"type": "json_invalid", "loc": ("body",), "msg": "JSON decode error", "input": {}}
+                raise RequestValidationError([error]) from None
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in exc.errors()]) from None
+
+    return Depends(parse)
+
+
+def form_or_json_openapi(model: type[BaseModel]) -> dict[str, Any]:
+    """The request body and 422 of a :func:`form_or_json` route, which FastAPI cannot see in a dependency."""
+    schema = model.model_json_schema()
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {media: {"schema": schema} for media in ("application/json", FORM)},
+        },
+        "responses": {
+            "422": {
+                "description": "Validation Error",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/HTTPValidationError"}}},
+            }
+        },
+    }
 
 
 class LoginRequest(accounts.Login):
@@ -53,13 +98,33 @@ class JoinBody(JoinRequest):
     client_version: StoredText = Field(default="", max_length=32)
 
 
-@router.post("/auth/device/code", response_model=DeviceCode, dependencies=[limited("token-issue")])
-def device_code(body: DeviceCodeRequest, request: Request, session: DB, settings: AppSettings) -> DeviceCode:
+@router.post(
+    "/auth/device/code",
+    response_model=DeviceCode,
+    dependencies=[limited("token-issue")],
+    openapi_extra=form_or_json_openapi(DeviceCodeRequest),
+)
+def device_code(
+    body: Annotated[DeviceCodeRequest, form_or_json(DeviceCodeRequest)],
+    request: Request,
+    session: DB,
+    settings: AppSettings,
+) -> DeviceCode:
     return device.start(session, body.client_name, base_url(request, settings), settings.device_code_minutes)
 
 
-@router.post("/auth/device/token", response_model=TokenResponse, responses={400: {"description": "RFC 8628 error"}})
-def device_token(body: DeviceTokenRequest, session: DB) -> TokenResponse | JSONResponse:
+@router.post(
+    "/auth/device/token",
+    response_model=TokenResponse,
+    responses={400: {"description": 'RFC 8628 / RFC 6749 error: {"error": "authorization_pending"} and the like'}},
+    openapi_extra=form_or_json_openapi(DeviceTokenRequest),
+)
+def device_token(
+    body: Annotated[DeviceTokenRequest, form_or_json(DeviceTokenRequest)], session: DB
+) -> TokenResponse | JSONResponse:
+    if body.grant_type != DEVICE_CODE_GRANT:
+        # RFC 6749 section 5.2: this endpoint grants tokens for device codes only
+        return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
     result = device.poll(session, body.device_code)
     if isinstance(result, str):
         return JSONResponse({"error": result}, status_code=400)
