@@ -1,13 +1,16 @@
-"""The volunteer's CLI on its own: the base install (no server extra)."""
+"""The volunteer's CLI on its own: the base install (no server extra) and the live progress line of `join`."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
+import time
 
 import pytest
 
 from swarmhub.worker import cli
+from swarmhub.worker.training import Progress
 
 SERVER_STACK = ("fastapi", "sqlalchemy", "starlette", "alembic", "jinja2")
 
@@ -62,3 +65,59 @@ def test_server_commands_say_which_extra_to_install(blocked, command):
     assert done.returncode == 1
     assert done.stderr == cli.SERVER_EXTRA_HINT + "\n"
     assert done.stdout == ""
+
+
+# -- the progress line of `join` ----------------------------------------------------------------------------
+
+
+class Terminal(io.StringIO):
+    """What `join` writes to when a person watches it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def progress(step: int, peers: int = 2, averaged: int = 0) -> Progress:
+    return Progress(
+        step=step,
+        samples=64 * step,
+        epoch=step // 10,
+        loss=2.5 / step,
+        samples_per_second=128.0,
+        peers=peers,
+        averaged_peers=averaged,
+        elapsed=step / 2,
+    )
+
+
+def test_progress_on_a_terminal_rewrites_one_line():
+    stream = Terminal()
+    line = cli._ProgressLine(stream)
+    for step in (1, 2, 20):
+        line.update(progress(step, averaged=2 if step == 20 else 0))
+    shown = stream.getvalue()
+    assert "\n" not in shown  # one line, rewritten in place
+    assert shown.count("\r") == 3
+    last = shown.rsplit("\r", 1)[1]
+    assert last == "epoch 2 | 2 peers (averaged with 2) | 1,280 samples | loss 0.1250 | 128 samples/s\x1b[K"
+    line.finish()
+    assert stream.getvalue() == shown + "\n"  # what follows starts on a line of its own
+    line.finish()
+    assert stream.getvalue() == shown + "\n"
+
+
+def test_progress_to_a_file_is_a_line_every_few_seconds(monkeypatch):
+    monkeypatch.setattr(cli, "PLAIN_PROGRESS_EVERY", 0.5)
+    stream = io.StringIO()
+    line = cli._ProgressLine(stream)
+    for step in range(1, 201):  # a fast loop reports far more often than a log wants
+        line.update(progress(step, peers=1))
+    assert stream.getvalue() == "epoch 0 | 1 peers | 64 samples | loss 2.5000 | 128 samples/s\n"
+    time.sleep(0.6)
+    line.update(progress(300, peers=3, averaged=3))
+    line.finish()
+    assert stream.getvalue().splitlines() == [
+        "epoch 0 | 1 peers | 64 samples | loss 2.5000 | 128 samples/s",
+        "epoch 30 | 3 peers (averaged with 3) | 19,200 samples | loss 0.0083 | 128 samples/s",
+    ]
+    assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
