@@ -15,7 +15,7 @@ from swarmhub.worker.client import ExitCode
 from swarmhub.worker.protocol import MetricReport
 from swarmhub.worker.reporter import Reporter
 
-from .conftest import LiveServer, make_experiment, make_user
+from .conftest import LiveServer, free_port, make_experiment, make_user
 
 
 def message(seq: int) -> MetricReport:
@@ -125,3 +125,24 @@ def test_removed_volunteer_stops_reporting_at_once(db, app, live_server):
     reporter.close(30)
     assert time.monotonic() - started < 1
     assert stored_seqs(db) == [0]
+
+
+def test_a_full_buffer_drops_the_oldest_and_never_blocks_training(db, settings, joined):
+    """With the server away, reports pile up in a bounded buffer: report() returns at once, the oldest go
+    (counted), and the newest reach the server once it is back."""
+    worker_id, token = joined
+    port = free_port()  # nothing listens here yet
+    url = f"ws://127.0.0.1:{port}/ws/experiments/reported/report?worker_id={worker_id}"
+    reporter = Reporter(url, token, max_buffer=10, open_timeout=1.0).start()
+    started = time.monotonic()
+    for seq in range(25):
+        reporter.report(message(seq))
+    took = time.monotonic() - started
+    assert not reporter.connected and reporter.fatal is None
+    assert took < 2.0, took  # no waiting on the network: a blocking send would still be trying to connect
+    assert (reporter.pending, reporter.dropped) == (10, 15)
+    with LiveServer(create_app(settings), port=port):
+        assert wait_for(lambda: reporter.pending == 0, timeout=60)
+        assert reporter.close(5)
+    assert stored_seqs(db) == list(range(15, 25))
+    assert reporter.dropped == 15
