@@ -168,12 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         identity_path=str(identity),
         authorizer=authorizer,
     )
-    # The same validators as the trainers' progress trackers: records are signed by each peer's key,
-    # and without the signature validator this node could neither store nor read them.
-    from hivemind.dht.schema import RSASignatureValidator, SchemaValidator
+    # The same validators as the trainers' (their progress trackers' and their roster's): progress records and
+    # roster entries are signed by each peer's key, and without the signature validator this node could neither
+    # store nor read them, nor refuse an entry that someone else's key wrote.
+    from hivemind.dht.schema import SchemaValidator
     from hivemind.optim.progress_tracker import TrainingProgressSchema
 
-    dht.add_validators([SchemaValidator(TrainingProgressSchema, prefix=args.run_id), RSASignatureValidator()])
+    progress_schema = SchemaValidator(TrainingProgressSchema, prefix=args.run_id)
+    dht.add_validators([*swarm_access.roster_validators(args.run_id, own_key), progress_schema])
     try:
         _emit({"event": "ready", "maddrs": [str(m) for m in dht.get_visible_maddrs()]})
         while not stop.is_set():

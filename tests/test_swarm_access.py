@@ -186,6 +186,7 @@ if admitted:  # a peer with a valid token, on the roster: the positive control
     open(identity, "wb").write(blob)
     dht = hivemind.DHT(initial_peers=bootstrap + maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"], authorizer=authorizer,
                        identity_path=identity, start=True)
+    swarm_access.add_roster_validators(dht, run_id, key)
     assert swarm_access.publish_roster_entry(dht, run_id, token)
     p2p = asyncio.run(dht.replicate_p2p())
     parts, replies = asyncio.run(call(p2p))
@@ -256,3 +257,113 @@ def test_removed_volunteer_cannot_enter_the_dht(swarm_peer):
         timeout=120,
     )
     assert json.loads(result.stdout.strip().splitlines()[-1])["entered"] is False
+
+
+# An admitted peer that publishes its roster entry the way workers do, then follows the test's commands on stdin:
+# "forge VICTIM_KEY" tries to take the victim's entry over, "read" prints the roster as this peer's averagers see it.
+ROSTER_PEER = """
+import json, os, sys, tempfile
+from datetime import timedelta
+from pathlib import Path
+import hivemind
+from hivemind.utils.crypto import RSAPrivateKey
+from hivemind.utils.timed_storage import get_dht_time
+from swarmhub.worker import swarm_access
+
+maddrs, run_id, signing_text, username = json.loads(sys.argv[1])
+signing = swarm_access.signing_key_from_text(signing_text)
+identity = Path(tempfile.mkdtemp()) / "id.key"
+key = swarm_access.load_or_create_identity(identity)
+swarm_access.use_as_process_key(key)
+public_key = key.get_public_key().to_bytes()
+token = swarm_access.sign_token(signing, run_id, username, public_key, timedelta(minutes=5))
+authorizer = swarm_access.SwarmAuthorizer(key, signing.get_public_key(), run_id, lambda: token, first_token=token)
+dht = hivemind.DHT(initial_peers=maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"], authorizer=authorizer,
+                   identity_path=str(identity), start=True)
+swarm_access.add_roster_validators(dht, run_id, key)
+print(json.dumps({"peer_id": dht.peer_id.to_base58(), "public_key": public_key.decode(),
+                  "published": swarm_access.publish_roster_entry(dht, run_id, token)}), flush=True)
+roster = swarm_access.roster_key(run_id)
+for line in sys.stdin:
+    command, *args = line.split(maxsplit=1)
+    if command == "read":
+        guard = swarm_access.RosterGuard(signing.get_public_key(), run_id)
+        admitted = guard.admit(dht.get(roster, latest=True))
+        print(json.dumps({peer: [guard.username_of(peer), expiry] for peer, expiry in admitted.items()}), flush=True)
+    elif command == "forge":
+        victim = args[0].strip().encode()
+        # a later expiry replaces a subkey's value (each attempt's is later still), on any peer that accepts it
+        later = get_dht_time() + 3600
+        mine = swarm_access.token_to_wire(token)
+        # a valid token for the victim's key, with a later expiry than the victim's own
+        victims = swarm_access.sign_token(signing, run_id, "victim", victim, timedelta(minutes=50))
+        ghost = RSAPrivateKey().get_public_key().to_bytes()  # a key that never joined
+        attempts = {
+            # this peer's own token (the bogus later-expiring entry of the audit) under the victim's subkey
+            "own-token-in-victims-entry": dht.store(roster, mine, later + 1, subkey=swarm_access.roster_subkey(victim)),
+            # the victim's entry rewritten, with a token the server would sign but not with the victim's key
+            "victims-entry-rewritten": dht.store(
+                roster, swarm_access.token_to_wire(victims), later + 2, subkey=swarm_access.roster_subkey(victim)),
+            # the whole roster replaced by a plain value that expires later than every entry
+            "roster-replaced": dht.store(roster, "gone", later + 3),
+            # a valid token of another key, under this peer's own (signed) subkey
+            "ghost-token-as-mine": dht.store(
+                roster,
+                swarm_access.token_to_wire(swarm_access.sign_token(signing, run_id, "ghost", ghost,
+                                                                   timedelta(minutes=5))),
+                later + 4,
+                subkey=swarm_access.roster_subkey(public_key),
+            ),
+        }
+        print(json.dumps({"attempts": attempts, "ghost": swarm_access.peer_id_for_public_key(ghost)}), flush=True)
+dht.shutdown()
+"""
+
+
+@pytest.mark.swarm
+def test_an_admitted_peer_cannot_overwrite_another_peers_roster_entry(swarm_peer):
+    """Roster entries are signed by the key their token binds: an admitted peer cannot replace another's entry
+    (nor the whole roster), and a token published under someone else's key admits no one."""
+    run = [swarm_peer.maddrs, swarm_peer.run_id, swarm_peer.key_text]
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for name in ("victim", "mallory"):
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-c", ROSTER_PEER, json.dumps([*run, name])],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        peers = {name: json.loads(proc.stdout.readline()) for name, proc in procs.items()}
+
+        def ask(name: str, command: str) -> dict:
+            procs[name].stdin.write(command + "\n")
+            procs[name].stdin.flush()
+            return json.loads(procs[name].stdout.readline())
+
+        assert peers["victim"]["published"] and peers["mallory"]["published"], peers
+        before = ask("victim", "read")
+        victim_id, mallory_id = peers["victim"]["peer_id"], peers["mallory"]["peer_id"]
+        assert before.keys() == {victim_id, mallory_id}, before
+
+        forged = ask("mallory", "forge " + peers["victim"]["public_key"])
+        assert forged["attempts"] == {
+            "own-token-in-victims-entry": False,
+            "victims-entry-rewritten": False,
+            "roster-replaced": False,
+            "ghost-token-as-mine": True,  # its own entry is its to write; readers still admit no ghost
+        }, forged
+        for reader in ("victim", "mallory"):
+            after = ask(reader, "read")
+            assert after[victim_id] == before[victim_id] == ["victim", before[victim_id][1]], (reader, after)
+            assert forged["ghost"] not in after
+            assert mallory_id not in after  # it overwrote its own entry with the ghost's token
+    finally:
+        for proc in procs.values():
+            proc.stdin.close()
+        for proc in procs.values():
+            try:
+                assert proc.wait(30) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()

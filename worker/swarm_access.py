@@ -22,6 +22,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import pydantic.v1
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
+from hivemind.dht.validation import RecordValidatorBase
 from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.proto.auth_pb2 import AccessToken
@@ -191,9 +195,18 @@ class SwarmAuthorizer(TokenAuthorizerBase):
 # hivemind authenticates DHT requests only: gradient averaging (rpc_join_group, rpc_aggregate_part) and state
 # download (rpc_download_state) carry no token. libp2p does authenticate the caller's peer ID, though, and a
 # peer ID is a hash of the peer's public key. So every admitted peer publishes its access token in the DHT
-# (``{run_id}_roster``, one subkey per peer ID; only admitted peers can write to the DHT at all), and the
-# averaging handlers serve a caller only when the roster holds a valid token whose key hashes to the
-# caller's peer ID. A peer that skipped the DHT, or whose token expired, gets nothing.
+# (``{run_id}_roster``), and the averaging handlers serve a caller only when the roster holds a valid token
+# whose key hashes to the caller's peer ID. A peer that skipped the DHT, or whose token expired, gets nothing.
+#
+# Only admitted peers can write to the DHT, but an admitted peer could still overwrite another's entry (a
+# subkey's value is replaced by any store with a later expiry) and so cut an honest peer off. The roster is
+# therefore a protected record, as hivemind's progress records are: each entry's subkey is
+# ``[owner:<the token's public key>]`` and its value carries that key's signature (RSASignatureValidator), so
+# only the holder of a key can write the entry for it; a schema (SchemaValidator) keeps the roster a
+# dictionary of such entries, so no one can replace it whole with a plain value. Every peer that stores or
+# reads the roster must have these validators (``add_roster_validators``): storing peers refuse unsigned or
+# mis-signed entries, readers drop a peer's answer that holds one, and the reader accepts an entry only when
+# the key that signed it is the key its token binds.
 
 ROSTER_REFRESH_SECONDS = 10.0
 
@@ -202,10 +215,40 @@ def roster_key(run_id: str) -> str:
     return f"{run_id}_roster"
 
 
+class RosterEntry(pydantic.v1.BaseModel):
+    """An access token as the roster holds it (``token_to_wire``). hivemind's validators use pydantic v1."""
+
+    username: pydantic.v1.StrictStr
+    public_key: pydantic.v1.StrictStr
+    expiration_time: pydantic.v1.StrictStr
+    signature: pydantic.v1.StrictStr
+
+
+class RosterSchema(pydantic.v1.BaseModel):
+    """``{run_id}_roster``: one entry per peer, under the owner subkey of the key its token binds."""
+
+    roster: dict[BytesWithPublicKey, RosterEntry]
+
+
+def roster_validators(run_id: str, key: RSAPrivateKey) -> list[RecordValidatorBase]:
+    """The roster's schema and hivemind's signature validator signing with ``key`` (this peer's identity).
+
+    A DHT keeps the first signature validator it is given: add these before anything else adds one with
+    another key (hivemind's progress tracker adds one with the process-wide key, see ``use_as_process_key``)."""
+    return [SchemaValidator(RosterSchema, prefix=run_id), RSASignatureValidator(key)]
+
+
+def add_roster_validators(dht: Any, run_id: str, key: RSAPrivateKey) -> None:
+    dht.add_validators(roster_validators(run_id, key))
+
+
+def roster_subkey(public_key: bytes) -> bytes:
+    """The protected subkey of the entry for ``public_key`` (OpenSSH text): only that key can sign it."""
+    return RSASignatureValidator.PUBLIC_KEY_FORMAT.replace(b"_key_", public_key)
+
+
 def record_owner(subkey: Any) -> bytes | None:
     """The public key (OpenSSH text) that signed a protected DHT record's subkey (``[owner:...]``), if any."""
-    from hivemind.dht.crypto import RSASignatureValidator
-
     if not isinstance(subkey, bytes):
         return None
     owners = RSASignatureValidator._PUBLIC_KEY_RE.findall(subkey)
@@ -213,7 +256,11 @@ def record_owner(subkey: Any) -> bytes | None:
 
 
 def publish_roster_entry(dht: Any, run_id: str, token: AccessToken) -> bool:
-    """Announce this peer's token so that other peers' averagers will talk to it."""
+    """Announce this peer's token so that other peers' averagers will talk to it.
+
+    The entry is stored under the owner subkey of the token's key: ``dht`` signs it only when its signature
+    validator holds that key (``add_roster_validators``), and other peers refuse it unsigned, so this returns
+    False for a token that is not this peer's."""
     from hivemind.utils.timed_storage import get_dht_time
 
     expires = parse_expiry(token.expiration_time)
@@ -223,7 +270,7 @@ def publish_roster_entry(dht: Any, run_id: str, token: AccessToken) -> bool:
     return bool(
         dht.store(
             roster_key(run_id),
-            subkey=dht.peer_id.to_bytes(),
+            subkey=roster_subkey(token.public_key),
             value=token_to_wire(token),
             expiration_time=get_dht_time() + ttl,
         )
@@ -254,16 +301,19 @@ class RosterGuard:
         for subkey, entry in record.value.items():
             try:
                 token = token_from_wire(entry.value)
-                claimed = PeerID(subkey).to_base58()
             except (KeyError, TypeError, AttributeError, ValueError):
                 continue
-            if (
-                verify_token(token, self.experiment_key, self.run_id)
-                and peer_id_for_public_key(token.public_key) == claimed
-            ):
-                expires = parse_expiry(token.expiration_time)
-                allowed[claimed] = expires.timestamp() if expires else 0.0
-                self._usernames[claimed] = token.username
+            # The DHT checked that the subkey's owner signed the entry; the entry counts only when that owner
+            # is the key the token binds (else an admitted peer could publish someone else's token as its own).
+            if record_owner(subkey) != token.public_key or not verify_token(token, self.experiment_key, self.run_id):
+                continue
+            try:
+                claimed = peer_id_for_public_key(token.public_key)
+            except ValueError:
+                continue
+            expires = parse_expiry(token.expiration_time)
+            allowed[claimed] = expires.timestamp() if expires else 0.0
+            self._usernames[claimed] = token.username
         return allowed
 
     async def allows(self, dht: Any, peer_id: Any) -> bool:

@@ -338,6 +338,8 @@ def train(
                     "check --listen too",
                     ExitCode.UNREACHABLE,
                 ) from None
+            # before anything is published: the roster entry must be signed by this peer's key
+            swarm_access.add_roster_validators(dht, join.run_id, access.key)
             access.keep_published(dht)
             roster_keeper = access.keep_publishing(dht, roster_stop)
             maddrs = [str(m) for m in dht.get_visible_maddrs()]
