@@ -9,12 +9,22 @@ from pydantic import BaseModel, Field, field_validator
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from swarmhub.worker.swarm_tokens import SERVER_PEER_USERNAME
+
 from . import security
 from .errors import Conflict, NotAuthenticated
 from .models import ApiToken, User, WebSession, utcnow
 from .security import StoredText
 
 USERNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{1,31}$")
+
+
+def is_reserved_username(username: str) -> bool:
+    """Whether ``username`` is, or reads as, the name in the server's own swarm peers' tokens.
+
+    Usernames are unique regardless of case (``create_user``), and '-' and '_' are easily taken for each other
+    or missed on a leaderboard: "SwarmHub", "swarm-hub" and "swarm_hub" are all reserved."""
+    return re.sub(r"[-_]", "", username.lower()) == SERVER_PEER_USERNAME
 
 
 class Signup(BaseModel):
@@ -48,6 +58,8 @@ def user_named(session: Session, username: str) -> User | None:
 def create_user(session: Session, username: str, password: str, *, is_admin: bool | None = None) -> User:
     """Create a user. The very first user becomes the administrator unless told otherwise."""
     data = Signup(username=username, password=password)
+    if is_reserved_username(data.username):
+        raise Conflict("that username is reserved for the swarm peers of the server", field="username")
     taken = session.scalar(select(User.id).where(func.lower(User.username) == data.username.lower()))
     if taken is not None:
         raise Conflict("that username is taken", field="username")

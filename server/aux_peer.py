@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     lifetime = timedelta(minutes=args.token_minutes)
 
     def mint() -> SwarmToken:
-        token = swarm_access.sign_token(signing_key, run_id, "swarmhub", public_key, lifetime)
+        token = swarm_access.sign_token(signing_key, run_id, swarm_access.SERVER_PEER_USERNAME, public_key, lifetime)
         return SwarmToken(**swarm_access.token_to_wire(token))
 
     deny_file = Path(args.signing_key_file).with_suffix(".deny")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         run_id=run_id,
         initial_peers=config["initial_peers"],
         worker_id=f"aux-{run_id}",
-        username="swarmhub",
+        username=swarm_access.SERVER_PEER_USERNAME,
         report_path="",
         swarm_token=mint(),
         token_path="",

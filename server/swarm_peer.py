@@ -141,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     public_key = own_key.get_public_key().to_bytes()
     lifetime = timedelta(minutes=args.token_minutes)
 
-    def mint() -> Any:  # this peer is the server's own: it signs its token itself, as "swarmhub"
-        return swarm_access.sign_token(signing_key, args.run_id, "swarmhub", public_key, lifetime)
+    def mint() -> Any:  # this peer is the server's own: it signs its token itself, under the reserved name
+        name = swarm_access.SERVER_PEER_USERNAME
+        return swarm_access.sign_token(signing_key, args.run_id, name, public_key, lifetime)
 
     deny_file = Path(args.signing_key_file).with_suffix(".deny")
 

@@ -165,3 +165,13 @@ def test_admin_command_creates_an_administrator(db, settings, tmp_path):
     with db() as session:
         admins = session.scalars(select(User.username).where(User.is_admin).order_by(User.username)).all()
     assert admins == ["first", "ops"]
+
+
+def test_admin_command_refuses_the_server_peers_name(db, settings, tmp_path):
+    env = {"SWARMHUB_DATABASE_URL": settings.database_url, "SWARMHUB_DATA_DIR": str(tmp_path)}
+    for name in ("swarmhub", "SWARMHUB", "swarm_hub"):
+        refused = run(["admin", name, "--password-stdin"], env, input=PASSWORD + "\n")
+        assert refused.exit_code == 1, refused.output
+        assert refused.output.strip() == "Error: that username is reserved for the swarm peers of the server"
+    with db() as session:
+        assert session.scalars(select(User.username)).all() == []

@@ -6,7 +6,7 @@ import re
 
 from sqlalchemy import func, select
 
-from swarmhub.server.models import Experiment, WebSession
+from swarmhub.server.models import Experiment, User, WebSession
 
 from .conftest import PASSWORD, csrf_from, login, make_experiment, make_user
 
@@ -48,6 +48,25 @@ def test_signup_errors_are_inline(client, db):
     taken = client.post("/signup", data={"username": "ALICE", "password": PASSWORD, "csrf_token": token})
     assert taken.status_code == 409
     assert inline_errors(taken.text) == {"username": "that username is taken"}
+
+
+RESERVED = "that username is reserved for the swarm peers of the server"
+
+
+def test_signup_refuses_the_server_peers_name_and_its_look_alikes(client, db):
+    """The server's own swarm peers hold tokens as "swarmhub": an account by that name would be credited with
+    their work, and banning it would cut them off."""
+    token = csrf_from(client.get("/signup").text)
+    for name in ("swarmhub", "SwarmHub", "swarm-hub", "Swarm_Hub"):
+        refused = client.post("/signup", data={"username": name, "password": PASSWORD, "csrf_token": token})
+        assert refused.status_code == 409, name
+        assert inline_errors(refused.text) == {"username": RESERVED}
+    with db() as session:
+        assert session.scalar(select(func.count(User.id))) == 0
+    fan = client.post(
+        "/signup", data={"username": "swarmhub-fan", "password": PASSWORD, "csrf_token": token}, follow_redirects=False
+    )
+    assert fan.status_code == 303
 
 
 def test_wrong_password_says_so(client, db):

@@ -34,6 +34,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from . import swarm_tokens
 from .swarm_tokens import REFRESH_MARGIN as REFRESH_MARGIN
+from .swarm_tokens import SERVER_PEER_USERNAME as SERVER_PEER_USERNAME
 from .swarm_tokens import TOKEN_VERSION as TOKEN_VERSION
 from .swarm_tokens import PublicKey as PublicKey
 from .swarm_tokens import Signer, TokenFields, Verifier

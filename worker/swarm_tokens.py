@@ -35,6 +35,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 TOKEN_VERSION = "swarmhub-access-token/v1"  # noqa: S105 - a format tag, not a secret
+# The username in the tokens of the server's own peers (bootstrap/monitor, auxiliary and checkpoint peers). No
+# account may have it (``server.accounts`` reserves it): that account would be credited with those peers' work,
+# and banning it would cut them off.
+SERVER_PEER_USERNAME = "swarmhub"
 REFRESH_MARGIN = timedelta(minutes=5)  # fetch a new token this long before the current one expires
 
 # hivemind.utils.crypto's scheme: PSS randomizes each signature, so compatibility means each side verifies
