@@ -3,21 +3,26 @@ and the one-line failures of `join`."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
 import subprocess
 import sys
+from datetime import timedelta
 
 import httpx
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from swarmhub.server.models import User
+from swarmhub.server import experiments, leases
+from swarmhub.server.app import create_app
+from swarmhub.server.models import User, utcnow
+from swarmhub.worker import swarm_tokens
 from swarmhub.worker.cli import main
 
-from .conftest import PASSWORD, csrf_from, make_experiment, make_user
+from .conftest import PASSWORD, LiveServer, csrf_from, make_experiment, make_user
 
 
 @pytest.fixture
@@ -175,3 +180,63 @@ def test_admin_command_refuses_the_server_peers_name(db, settings, tmp_path):
         assert refused.output.strip() == "Error: that username is reserved for the swarm peers of the server"
     with db() as session:
         assert session.scalars(select(User.username)).all() == []
+
+
+def clock_shifting_proxy(upstream: str, shift: float):
+    """A real ASGI app in front of the server: it passes every request on, and moves the server's clock in join
+    answers by ``shift`` seconds, so the worker sees the server as a machine whose clock is that far off would."""
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        headers = [(k.decode(), v.decode()) for k, v in scope["headers"] if k != b"host"]
+        url = upstream + scope["path"] + (f"?{scope['query_string'].decode()}" if scope["query_string"] else "")
+        async with httpx.AsyncClient() as upstream_client:
+            response = await upstream_client.request(scope["method"], url, headers=headers, content=body)
+        content = response.content
+        if scope["path"].endswith("/join") and response.status_code == 200:
+            answer = response.json()
+            answer["server_time"] += shift
+            content = json.dumps(answer).encode()
+        kept = [(k.encode(), v.encode()) for k, v in response.headers.items() if k not in ("content-length", "date")]
+        kept.append((b"content-length", str(len(content)).encode()))
+        await send({"type": "http.response.start", "status": response.status_code, "headers": kept})
+        await send({"type": "http.response.body", "body": content})
+
+    return app
+
+
+@pytest.mark.parametrize(("shift", "direction"), [(120.0, "behind"), (-120.0, "ahead of")])
+def test_join_refuses_a_clock_far_off_the_servers(settings, tmp_path, shift, direction):
+    """hivemind's peers reject requests over 60 s off their clock: `join` stops at 30 s, before the swarm."""
+    app = create_app(settings.model_copy(update={"swarm_enabled": True}))
+    db = app.state.sessionmaker
+    owner = make_user(db)
+    experiment = make_experiment(db, owner, slug="clock-run", status="running")
+    # Another server process hosts this swarm (it holds the lease and published its bootstrap address), so
+    # this one answers the join without starting a peer; no peer is dialed before the clock check anyway.
+    run_id = experiments.run_id(experiment)
+    bootstrap = swarm_tokens.peer_id_for_public_key(swarm_tokens.SigningKey.generate().get_public_key().to_bytes())
+    with db.begin() as session:
+        assert leases.acquire(session, run_id, "another-replica", now=utcnow() + timedelta(hours=1))
+        leases.publish(session, run_id, "another-replica", [f"/ip4/127.0.0.1/tcp/9/p2p/{bootstrap}"], peers=1)
+    with LiveServer(app) as server, LiveServer(clock_shifting_proxy(server.url, shift)) as proxy:
+        env = {
+            "SWARMHUB_CONFIG_DIR": str(tmp_path / "config"),
+            "SWARMHUB_STATE_DIR": str(tmp_path / "state"),
+            "SWARMHUB_SERVER": proxy.url,
+            "SWARMHUB_TOKEN": token_for(server.url),
+        }
+        result = run(["join", "clock-run"], env)
+    assert result.exit_code == 7, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    skew = re.search(rf"This machine's clock is (\d+) s {direction} the server's", result.output)
+    assert skew and 115 <= int(skew.group(1)) <= 125, result.output
+    assert "sudo timedatectl set-ntp true" in result.output
