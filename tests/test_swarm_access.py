@@ -6,15 +6,22 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from datetime import timedelta
 
-import psutil
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarmhub.worker import swarm_access
 
-from .test_training_swarm import make_join, swarm_peer  # noqa: F401 - swarm_peer is a fixture
+from .test_training_swarm import (  # noqa: F401 - swarm_peer is a fixture
+    LineReader,
+    kill_all,
+    make_join,
+    swarm_peer,
+    tagged_env,
+    wait_gone,
+)
 
 RUN = "swarmhub-demo-1"
 
@@ -54,8 +61,8 @@ def test_identity_key_is_stable_and_private(tmp_path):
     assert swarm_access.peer_id_of(path)  # hivemind derives the peer ID from the same key
 
 
-# A peer that tries to enter the swarm with what the test gives it; the authorizer is a rogue one that
-# does not check its own token (an honest one refuses to send a bad token at all).
+# Peers that try to enter the swarm, one after the other in one process, with the tokens the test names; the
+# authorizer is a rogue one that does not check its own token (an honest one refuses to send a bad token at all).
 ROGUE = """
 import json, sys
 from datetime import timedelta
@@ -64,62 +71,56 @@ from hivemind.utils.timed_storage import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 from swarmhub.worker import swarm_access
 
-maddrs, run_id, signing_text, case = json.loads(sys.argv[1])
+maddrs, run_id, signing_text, cases = json.loads(sys.argv[1])
 signing = swarm_access.signing_key_from_text(signing_text)
-me = RSAPrivateKey()
-pk = me.get_public_key().to_bytes()
-tokens = {
-    "valid": lambda: swarm_access.sign_token(signing, run_id, "ada", pk, timedelta(minutes=5)),
-    "other-key": lambda: swarm_access.sign_token(RSAPrivateKey(), run_id, "ada", pk, timedelta(minutes=5)),
-    "expired": lambda: swarm_access.sign_token(signing, run_id, "ada", pk, timedelta(seconds=-30)),
-    "other-experiment": lambda: swarm_access.sign_token(signing, run_id + "-x", "ada", pk, timedelta(minutes=5)),
-    "someone-elses-key": lambda: swarm_access.sign_token(
-        signing, run_id, "ada", RSAPrivateKey().get_public_key().to_bytes(), timedelta(minutes=5)),
-}
 
 class Rogue(swarm_access.SwarmAuthorizer):
     def is_token_valid(self, token):
         return True
 
-authorizer = None
-if case != "no-token":
-    authorizer = Rogue(me, signing.get_public_key(), run_id, tokens[case])
-try:
-    dht = hivemind.DHT(initial_peers=maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"], authorizer=authorizer,
-                       start=True)
-except Exception as exc:
-    print(json.dumps({"case": case, "entered": False, "error": type(exc).__name__}))
-    sys.exit(0)
-stored = dht.store(f"{run_id}_rogue", "hello", get_dht_time() + 30)
-seen = dht.get(f"{run_id}_rogue", latest=True)
-print(json.dumps({"case": case, "entered": True, "stored": bool(stored), "read": seen is not None}))
-dht.shutdown()
+for case in cases:
+    me = RSAPrivateKey()
+    pk = me.get_public_key().to_bytes()
+    tokens = {
+        "valid": lambda: swarm_access.sign_token(signing, run_id, "ada", pk, timedelta(minutes=5)),
+        "other-key": lambda: swarm_access.sign_token(RSAPrivateKey(), run_id, "ada", pk, timedelta(minutes=5)),
+        "expired": lambda: swarm_access.sign_token(signing, run_id, "ada", pk, timedelta(seconds=-30)),
+        "other-experiment": lambda: swarm_access.sign_token(signing, run_id + "-x", "ada", pk, timedelta(minutes=5)),
+        "someone-elses-key": lambda: swarm_access.sign_token(
+            signing, run_id, "ada", RSAPrivateKey().get_public_key().to_bytes(), timedelta(minutes=5)),
+    }
+    authorizer = None
+    if case != "no-token":
+        authorizer = Rogue(me, signing.get_public_key(), run_id, tokens[case])
+    try:
+        dht = hivemind.DHT(initial_peers=maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"], authorizer=authorizer,
+                           start=True)
+    except Exception as exc:
+        print(json.dumps({"case": case, "entered": False, "error": type(exc).__name__}), flush=True)
+        continue
+    stored = dht.store(f"{run_id}_rogue", "hello", get_dht_time() + 30)
+    seen = dht.get(f"{run_id}_rogue", latest=True)
+    print(json.dumps({"case": case, "entered": True, "stored": bool(stored), "read": seen is not None}), flush=True)
+    dht.shutdown()
 """
 
-
-@pytest.mark.swarm
-@pytest.mark.parametrize("case", ["valid", "no-token", "other-key", "expired", "other-experiment", "someone-elses-key"])
-def test_only_peers_with_a_valid_token_enter(swarm_peer, case):
-    maddrs, run_id, key_text = swarm_peer.maddrs, swarm_peer.run_id, swarm_peer.key_text
-    result = subprocess.run(
-        [sys.executable, "-c", ROGUE, json.dumps([maddrs, run_id, key_text, case])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    if case == "valid":
-        assert outcome == {"case": "valid", "entered": True, "stored": True, "read": True}
-    else:
-        assert outcome["entered"] is False, outcome
+ROGUE_CASES = ["no-token", "other-key", "expired", "other-experiment", "someone-elses-key"]
 
 
-# An honest trainer that says where it listens, then trains until it is told to stop.
+def try_to_enter(maddrs: list[str], run_id: str, key_text: str, cases: list[str]) -> dict[str, dict]:
+    args = json.dumps([maddrs, run_id, key_text, cases])
+    done = subprocess.run([sys.executable, "-c", ROGUE, args], capture_output=True, text=True, timeout=180)
+    outcomes = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {outcome.pop("case"): outcome for outcome in outcomes}
+
+
+# An honest trainer: says where it listens, then trains until it is told to stop, and prints each averaging
+# round it completes with the number of peers in it.
 HONEST = """
-import json, os, signal, sys, threading
+import json, logging, os, re, signal, sys, threading
 from pathlib import Path
 from swarmhub.worker.protocol import JoinResponse
-from swarmhub.worker.training import train
+from swarmhub.worker.training import OPTIMIZER_LOGGER, train
 
 join = JoinResponse.model_validate_json(sys.argv[1])
 deny_file = Path(sys.argv[3])
@@ -133,16 +134,23 @@ def on_term(signum, frame):  # leave the swarm cleanly; hivemind's forked childr
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
+class Rounds(logging.Handler):  # hivemind's status line, the one train() counts rounds from
+    def emit(self, record):
+        if match := re.search(r"Averaged gradients with (\\d+) peers", record.getMessage()):
+            print(json.dumps({"averaged": int(match.group(1))}), flush=True)
+
+logging.getLogger(OPTIMIZER_LOGGER).addHandler(Rounds())
 signal.signal(signal.SIGTERM, on_term)
 train(
-    join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], max_minutes=2, identity_path=Path(sys.argv[2]),
+    join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], max_minutes=5, identity_path=Path(sys.argv[2]),
     denied=lambda: set(deny_file.read_text().split()) if deny_file.exists() else set(),
     on_joined=lambda peer_id, maddrs: print(json.dumps({"peer_id": peer_id, "maddrs": maddrs}), flush=True),
-    on_progress=lambda progress: print("training", flush=True), stop_event=stop,
+    stop_event=stop,
 )
 """
 
-# Calls the honest peer's averagers directly, by address, as a peer that learned it would.
+# Calls an honest peer's averagers directly, by address, as a peer that learned it would: state download, a
+# request to join a group, and a part of a vector to aggregate.
 DIRECT = """
 import asyncio, json, sys
 from datetime import timedelta
@@ -150,29 +158,36 @@ import hivemind
 from hivemind.optim.grad_averager import GradientAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 from hivemind.p2p import P2P, PeerID
+from hivemind.utils.asyncio import as_aiter
 from hivemind.utils.timed_storage import get_dht_time
-from hivemind.proto import averaging_pb2
+from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 from swarmhub.worker import swarm_access
 
 maddrs, peer_id, bootstrap, run_id, signing_text, admitted = json.loads(sys.argv[1])
 signing = swarm_access.signing_key_from_text(signing_text)
 
+async def count(replies):
+    received = 0
+    try:
+        async for _ in await replies:
+            received += 1
+    except Exception:
+        pass
+    return received
+
 async def call(p2p):
     target = PeerID.from_base58(peer_id)
     state = TrainingStateAverager.get_stub(p2p, target, namespace=f"{run_id}_state_averager")
-    parts = 0
-    async for _ in await state.rpc_download_state(averaging_pb2.DownloadRequest()):
-        parts += 1
+    parts = await count(state.rpc_download_state(averaging_pb2.DownloadRequest()))
     grads = GradientAverager.get_stub(p2p, target, namespace=f"{run_id}_grad_averager")
-    replies = 0
-    try:
-        request = averaging_pb2.JoinRequest(schema_hash=b"x", expiration=get_dht_time() + 5)
-        async for _ in await grads.rpc_join_group(request):
-            replies += 1
-    except Exception:
-        pass
-    return parts, replies
+    request = averaging_pb2.JoinRequest(schema_hash=b"x", expiration=get_dht_time() + 5)
+    replies = await count(grads.rpc_join_group(request))
+    # Not a group this caller is in: a peer on the roster is told so (BAD_GROUP_ID), a rogue hears nothing.
+    part = averaging_pb2.AveragingData(code=averaging_pb2.PART_FOR_AVERAGING, group_id=b"rogue-group",
+                                       tensor_part=runtime_pb2.Tensor(), weight=1.0)
+    aggregated = await asyncio.wait_for(count(grads.rpc_aggregate_part(as_aiter(part))), 30)
+    return {"parts": parts, "replies": replies, "aggregated": aggregated}
 
 if admitted:  # a peer with a valid token, on the roster: the positive control
     key = RSAPrivateKey()
@@ -189,7 +204,7 @@ if admitted:  # a peer with a valid token, on the roster: the positive control
     swarm_access.add_roster_validators(dht, run_id, key)
     assert swarm_access.publish_roster_entry(dht, run_id, token)
     p2p = asyncio.run(dht.replicate_p2p())
-    parts, replies = asyncio.run(call(p2p))
+    result = asyncio.run(call(p2p))
     dht.shutdown()
 else:  # no token, never in the DHT: straight to the averagers
     async def rogue():
@@ -198,29 +213,51 @@ else:  # no token, never in the DHT: straight to the averagers
             return await call(p2p)
         finally:
             await p2p.shutdown()
-    parts, replies = asyncio.run(rogue())
-print(json.dumps({"parts": parts, "replies": replies}))
+    result = asyncio.run(rogue())
+print(json.dumps(result))
 """
 
 
 @pytest.mark.swarm
-def test_averaging_and_state_download_refuse_peers_off_the_roster(swarm_peer, tmp_path):
+def test_rogues_get_nothing_while_two_honest_peers_average(swarm_peer, tmp_path):
+    """While two honest peers train and average, rogue peers try the DHT (through the server's peer and both
+    trainers) and the averagers directly; they get nothing, and the honest peers go on averaging together."""
     maddrs, run_id, key_text = swarm_peer.maddrs, swarm_peer.run_id, swarm_peer.key_text
-    identity = tmp_path / "honest.key"
-    join = make_join(swarm_peer, worker_id="honest", identity=identity)
     deny_file = tmp_path / "denied"
-    honest = subprocess.Popen(
-        [sys.executable, "-c", HONEST, join.model_dump_json(), str(identity), str(deny_file)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    tag = f"honest-{uuid.uuid4().hex}"
+    honest: dict[str, subprocess.Popen[str]] = {}
+    lines: dict[str, LineReader] = {}
+
+    def wait_for(name: str, wanted: dict | str, timeout: float) -> dict:
+        """The next JSON line of trainer ``name`` that has key ``wanted`` (or holds the items of ``wanted``)."""
+        deadline = time.monotonic() + timeout
+        while (line := lines[name].next(max(deadline - time.monotonic(), 0.01))) is not None:
+            event = json.loads(line) if line.startswith("{") else {}
+            if (wanted in event) if isinstance(wanted, str) else wanted.items() <= event.items():
+                return event
+        raise AssertionError(f"trainer {name} printed no {wanted} within {timeout} s")
+
     try:
-        where = json.loads(honest.stdout.readline())
-        assert honest.stdout.readline().strip() == "training"  # its averagers are up
+        for name in ("a", "b"):
+            identity = tmp_path / f"{name}.key"
+            join = make_join(swarm_peer, worker_id=f"honest-{name}", identity=identity)
+            honest[name] = subprocess.Popen(
+                [sys.executable, "-c", HONEST, join.model_dump_json(), str(identity), str(deny_file)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env=tagged_env(tag),
+            )
+            lines[name] = LineReader(honest[name])
+        where = {name: wait_for(name, "peer_id", 90) for name in honest}
+        for name in honest:
+            wait_for(name, {"averaged": 2}, 120)  # the two average together
+
+        everyone = maddrs + where["a"]["maddrs"] + where["b"]["maddrs"]
+        entered = try_to_enter(everyone, run_id, key_text, [*ROGUE_CASES, "valid"])
 
         def direct(admitted: bool) -> dict:
-            args = json.dumps([where["maddrs"], where["peer_id"], maddrs, run_id, key_text, admitted])
+            args = json.dumps([where["a"]["maddrs"], where["a"]["peer_id"], maddrs, run_id, key_text, admitted])
             done = subprocess.run([sys.executable, "-c", DIRECT, args], capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr[-2000:]
             return json.loads(done.stdout.strip().splitlines()[-1])
@@ -231,17 +268,24 @@ def test_averaging_and_state_download_refuse_peers_off_the_roster(swarm_peer, tm
         deny_file.write_text("ada\n")
         time.sleep(swarm_access.DENY_POLL_SECONDS + 2)
         removed = direct(True)
-        helpers = {child.pid for child in psutil.Process(honest.pid).children(recursive=True)}
+        for name in honest:  # after all that, the honest peers still complete rounds together
+            wait_for(name, {"averaged": 2}, 90)
     finally:
-        honest.terminate()
-        honest.wait(90)
-    deadline = time.monotonic() + 15
-    while any(psutil.pid_exists(pid) for pid in helpers) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [pid for pid in helpers if psutil.pid_exists(pid)], "the honest peer left processes behind"
-    assert rogue == {"parts": 0, "replies": 0}  # the rogue got neither the model nor a group
-    assert admitted["parts"] > 0  # the same call from a peer on the roster does get the state
-    assert removed == {"parts": 0, "replies": 0}
+        for proc in honest.values():
+            proc.terminate()
+        for proc in honest.values():
+            proc.wait(90)
+    left = wait_gone(tag, 20)
+    kill_all(left)
+    assert not left, "the honest peers left processes behind"
+    assert entered == {
+        **{case: {"entered": False, "error": entered[case].get("error")} for case in ROGUE_CASES},
+        "valid": {"entered": True, "stored": True, "read": True},  # the control: the same script gets in
+    }, entered
+    nothing = {"parts": 0, "replies": 0, "aggregated": 0}
+    assert rogue == nothing  # the rogue got neither the model, nor a group, nor an answer to its part
+    assert admitted["parts"] > 0 and admitted["aggregated"] == 1  # a peer on the roster is answered
+    assert removed == nothing
 
 
 @pytest.mark.swarm
@@ -250,13 +294,7 @@ def test_removed_volunteer_cannot_enter_the_dht(swarm_peer):
     maddrs, run_id, key_text = swarm_peer.maddrs, swarm_peer.run_id, swarm_peer.key_text
     swarm_peer.deny_file.write_text("ada\n")
     time.sleep(swarm_access.DENY_POLL_SECONDS + 1)
-    result = subprocess.run(
-        [sys.executable, "-c", ROGUE, json.dumps([maddrs, run_id, key_text, "valid"])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert json.loads(result.stdout.strip().splitlines()[-1])["entered"] is False
+    assert try_to_enter(maddrs, run_id, key_text, ["valid"])["valid"]["entered"] is False
 
 
 # An admitted peer that publishes its roster entry the way workers do, then follows the test's commands on stdin:
