@@ -68,10 +68,14 @@ QUICK = Mode("quick", rounds=1, workers=200, warmup=2.0, window=4.0, real_window
 
 
 async def _worker(ws_url: str, path: str, worker_id: str, token: str, cfg: dict[str, Any], out: dict[str, Any]) -> None:
+    """Sends reports at most ``rate`` a second with at most ``in_flight`` unacknowledged (1: wait for each ack
+    before the next), and at the end waits for the acks of all it sent."""
     from websockets.asyncio.client import connect
 
     interval = 1.0 / cfg["rate"]
     seq = cfg["seq_base"]
+    sent_at: dict[int, float] = {}
+    room = asyncio.Semaphore(cfg["in_flight"])
     async with connect(
         f"{ws_url}{path}?worker_id={worker_id}",
         additional_headers={"Authorization": f"Bearer {token}"},
@@ -80,28 +84,52 @@ async def _worker(ws_url: str, path: str, worker_id: str, token: str, cfg: dict[
         compression=None,
     ) as ws:
         out["connected"] += 1
-        await asyncio.sleep(max(cfg["start_at"] - time.time(), 0) + (hash(worker_id) % 1000) / 1000 * interval)
-        window_start, window_end, stop = cfg["window_start"], cfg["window_end"], cfg["stop_at"]
-        next_send = time.time()
-        while True:
-            now = time.time()
-            if now >= stop:
-                break
-            if next_send > now:
-                await asyncio.sleep(next_send - now)
-            sent = time.time()
-            next_send = sent + interval
-            await ws.send(s.report_message(seq))
+
+        async def receive_acks() -> None:
             while True:
                 raw = await ws.recv()
-                if '"ack"' in raw and json.loads(raw).get("seq") == seq:
+                if '"ack"' not in raw:
+                    continue
+                acked_seq = json.loads(raw)["seq"]
+                acked = time.time()
+                for done in [q for q in sent_at if q <= acked_seq]:  # acks are cumulative
+                    sent = sent_at.pop(done)
+                    room.release()
+                    out["acked"] += 1
+                    if window_start <= acked < window_end:
+                        out["in_window"] += 1
+                        out["latencies"].append(acked - sent)
+
+        await asyncio.sleep(max(cfg["start_at"] - time.time(), 0) + (hash(worker_id) % 1000) / 1000 * interval)
+        window_start, window_end, stop = cfg["window_start"], cfg["window_end"], cfg["stop_at"]
+        receiver = asyncio.create_task(receive_acks())
+        try:
+            next_send = time.time()
+            while True:
+                now = time.time()
+                if now >= stop:
                     break
-            acked = time.time()
-            out["acked"] += 1
-            if window_start <= acked < window_end:
-                out["in_window"] += 1
-                out["latencies"].append(acked - sent)
-            seq += 1
+                if next_send > now:
+                    await asyncio.sleep(next_send - now)
+                await room.acquire()
+                if receiver.done():
+                    receiver.result()  # raises what ended it
+                sent = time.time()
+                next_send = sent + interval
+                sent_at[seq] = sent
+                await ws.send(s.report_message(seq))
+                seq += 1
+
+            async def all_acknowledged() -> None:
+                for _ in range(cfg["in_flight"]):
+                    await room.acquire()
+
+            try:
+                await asyncio.wait_for(all_acknowledged(), 30)
+            except asyncio.TimeoutError:
+                raise RuntimeError(f"{len(sent_at)} report(s) never acknowledged") from None
+        finally:
+            receiver.cancel()
 
 
 async def _client_main(cfg: dict[str, Any]) -> None:
@@ -165,13 +193,16 @@ class Target:
     seq_base: int = 0
 
 
-def measure(h: c.Harness, t: Target, tag: str, rate: float, warmup: float, window: float) -> dict[str, Any]:
+def measure(
+    h: c.Harness, t: Target, tag: str, rate: float, warmup: float, window: float, in_flight: int
+) -> dict[str, Any]:
     """One measurement: CLIENTS client processes drive ``t``'s workers at ``rate`` messages/s each."""
     start_at = time.time() + 6.0  # time to connect 200 websockets
     cfg_common = {
         "ws_url": t.ws_url,
         "path": f"/ws/experiments/{t.slug}/report",
         "rate": rate,
+        "in_flight": in_flight,
         "seq_base": t.seq_base,
         "start_at": start_at,
         "window_start": start_at + warmup,
@@ -223,6 +254,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
     parser.add_argument("--rate", type=float, default=45.0, help="most messages/s per worker (server limit: 50)")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=1,
+        help="most unacknowledged reports per worker when saturated (1: wait for each ack; the real reporter "
+        "sends a backlog without waiting)",
+    )
     parser.add_argument("--client", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
@@ -232,14 +270,15 @@ def main() -> int:
     rounds = args.rounds or mode.rounds
     s.raise_open_files()
     with s.bench_lock():
-        return run(mode, rounds, args.rate, not args.no_postgres)
+        return run(mode, rounds, args.rate, not args.no_postgres, args.in_flight)
 
 
-def run(mode: Mode, rounds: int, rate: float, postgres: bool) -> int:
+def run(mode: Mode, rounds: int, rate: float, postgres: bool, in_flight: int) -> int:
     print(f"ingestion ({mode.name}): {c.machine_line()}")
     print(
         f"workload: {mode.workers} workers (own websocket, worker run and volunteer token each), "
-        f"{CLIENTS} client processes; saturated: at most {rate:g} messages/s per worker (server limit 50), "
+        f"{CLIENTS} client processes; saturated: at most {rate:g} messages/s per worker (server limit 50) and "
+        f"{in_flight} unacknowledged, "
         f"warm-up {mode.warmup:g} s, window {mode.window:g} s, {rounds} round(s); real pace: 1 message/s per "
         f"worker, window {mode.real_window:g} s"
     )
@@ -269,11 +308,11 @@ def run(mode: Mode, rounds: int, rate: float, postgres: bool) -> int:
                 for t in order:
                     with c.phase(f"round {r + 1}/{rounds}: {t.name}, saturated"):
                         saturated.setdefault(t.name, []).append(
-                            measure(h, t, f"r{r}-{t.name[:12]}", rate, mode.warmup, mode.window)
+                            measure(h, t, f"r{r}-{t.name[:12]}", rate, mode.warmup, mode.window, in_flight)
                         )
             for t in targets:
                 with c.phase(f"real pace: {t.name}"):
-                    real[t.name] = measure(h, t, f"real-{t.name[:12]}", 1.0, mode.warmup, mode.real_window)
+                    real[t.name] = measure(h, t, f"real-{t.name[:12]}", 1.0, mode.warmup, mode.real_window, 1)
             h.stop([p for p in h.procs if p.popen.poll() is None], timeout=30)
         cleanup = h.check_no_leftovers()
     report(saturated, real, rounds, rate, mode, time.monotonic() - started)

@@ -112,13 +112,20 @@ class ReportWriter:
         self.batches = 0  # transactions committed, for tests and benchmarks
         self.stored = 0
 
-    async def submit(self, worker_id: str, report: MetricReport) -> Outcome:
-        """Store one report; returns once its transaction has committed. Raises what storing it raised."""
+    async def enqueue(self, worker_id: str, report: MetricReport) -> asyncio.Future[Outcome]:
+        """Queue one report; returns a future that is set once its transaction has committed (or with what
+        storing it raised). Reports queued one after another are stored in that order."""
         if self._closed:
             raise RuntimeError("the server is shutting down")
         pending = _Pending(worker_id, report)
+        # A socket that went away before its report was stored never looks: retrieved here, not logged by asyncio
+        pending.done.add_done_callback(lambda done: done.cancelled() or done.exception())
         await self._queue.put(pending)  # waits while the queue is full: backpressure on this socket
-        return await pending.done
+        return pending.done
+
+    async def submit(self, worker_id: str, report: MetricReport) -> Outcome:
+        """Store one report; returns once its transaction has committed. Raises what storing it raised."""
+        return await (await self.enqueue(worker_id, report))
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import math
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Annotated, Any, NamedTuple, cast
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
@@ -76,7 +76,7 @@ _RUNS = cast(Table, WorkerRun.__table__)
 _VOLUNTEERS = cast(Table, VolunteerTotal.__table__)
 _TOTALS = cast(Table, ExperimentTotal.__table__)
 
-_RUN_COLUMNS = ("last_seen_at", "samples", "epoch", "loss", "samples_per_second", "last_seq")
+_RUN_COLUMNS = ("last_seen_at", "last_stored_at", "samples", "epoch", "loss", "samples_per_second", "last_seq")
 _VOLUNTEER_COLUMNS = ("claimed_samples", "peak_claimed_samples_per_second", "device_classes", "last_report_at")
 _TOTAL_COLUMNS = ("claimed_samples", "worker_epoch", "signed_peaks")  # signed_peaks: written when it moves
 
@@ -111,6 +111,7 @@ class _Run:
     user_id: int
     device: str
     last_seen_at: datetime | None
+    last_stored_at: datetime | None
     samples: int
     epoch: int
     loss: float | None
@@ -149,12 +150,9 @@ def _params(row: Any, keys: tuple[str, ...], columns: tuple[str, ...]) -> dict[s
     return {**{f"k_{key}": getattr(row, key) for key in keys}, **{f"v_{c}": getattr(row, c) for c in columns}}
 
 
-def _insert_points(insert: Any) -> Any:
-    return (
-        insert(_POINTS)
-        .on_conflict_do_nothing(index_elements=["worker_run_id", "seq"])
-        .returning(_POINTS.c.worker_run_id, _POINTS.c.seq)
-    )
+def _insert_points(insert: Any, returning: bool) -> Any:
+    stmt = insert(_POINTS).on_conflict_do_nothing(index_elements=["worker_run_id", "seq"])
+    return stmt.returning(_POINTS.c.worker_run_id, _POINTS.c.seq) if returning else stmt
 
 
 def _lock_totals(session: Session, experiment_id: int, insert: Any) -> _Totals:
@@ -219,13 +217,16 @@ def ingest_many(session: Session, reports: Sequence[tuple[str, MetricReport, dat
 
     first: list[bool] = []  # the first time this batch holds the (run, seq): later copies are duplicates
     seen: set[tuple[str, int]] = set()
-    points: list[dict[str, Any]] = []
+    # A run's last_seq is the highest seq stored for it, so a report above it is new (the runs were read under
+    # the experiment's lock); only the others, re-sent or late, may be stored already.
+    fresh: list[dict[str, Any]] = []
+    resent: list[dict[str, Any]] = []
     for run_id, report, at in reports:
         key = (run_id, report.seq)
         first.append(key not in seen)
         if first[-1]:
             seen.add(key)
-            points.append(
+            (fresh if report.seq > runs[run_id].last_seq else resent).append(
                 {
                     "experiment_id": runs[run_id].experiment_id,
                     "worker_run_id": run_id,
@@ -240,11 +241,15 @@ def ingest_many(session: Session, reports: Sequence[tuple[str, MetricReport, dat
                     "averaged_peers": report.averaged_peers,
                 }
             )
-    # One statement for the rows (SQLAlchemy sends a list of parameters as multi-row INSERTs, compiled once);
-    # RETURNING names the rows that were new.
-    inserted = {(run_id, seq) for run_id, seq in session.execute(_insert_points(insert), points)}
+    # One executemany for the new rows (compiled once); the re-sent ones with RETURNING, which names those
+    # that were not stored yet.
+    inserted = {(point["worker_run_id"], point["seq"]) for point in fresh}
+    if fresh:
+        session.execute(_insert_points(insert, returning=False), fresh)
+    if resent:
+        inserted |= {(run_id, seq) for run_id, seq in session.execute(_insert_points(insert, returning=True), resent)}
 
-    buckets = _Buckets(session, runs)
+    buckets = _Buckets()
     classes: dict[str, str] = {}  # device -> device class
     peaks_changed: set[int] = set()
     stored = []
@@ -255,6 +260,8 @@ def ingest_many(session: Session, reports: Sequence[tuple[str, MetricReport, dat
         volunteer = volunteers[worker.experiment_id, worker.user_id]
         if new:
             buckets.add(worker, report, at)
+            if worker.last_stored_at is None or at > worker.last_stored_at:
+                worker.last_stored_at = at
             if report.seq > worker.last_seq:
                 claimed = report.samples - worker.samples  # the run's count replaces its previous one in the sums
                 volunteer.claimed_samples += claimed
@@ -280,7 +287,7 @@ def ingest_many(session: Session, reports: Sequence[tuple[str, MetricReport, dat
         if volunteer.last_report_at is None or at > volunteer.last_report_at:
             volunteer.last_report_at = at
         stored.append(new)
-    buckets.write(insert)
+    buckets.write(session, insert)
     session.execute(_UPDATE_RUNS, [_params(run, ("id",), _RUN_COLUMNS) for run in runs.values()])
     added = [
         {"experiment_id": eid, "user_id": v.user_id, **{c: getattr(v, c) for c in _VOLUNTEER_COLUMNS}}
@@ -313,65 +320,25 @@ class _Buckets:
     """The metric buckets a batch adds to, summed per bucket in memory and written with one upsert. Each newly
     stored report is added before its run's latest numbers move (:meth:`add`): an accepted report (seq above
     the run's latest) adds its samples over the run's previous count (the first report: all of them), a late
-    one adds none; the run counts once per bucket, on its first stored report there."""
+    one adds none; the run counts once per bucket, on its first stored report there (its previous stored
+    report, ``last_stored_at``, arrived before the bucket began)."""
 
-    def __init__(self, session: Session, runs: dict[str, _Run]):
-        self.session = session
+    def __init__(self) -> None:
         self.sums: dict[tuple[int, int, int], list[float]] = {}
-        # When each run's latest accepted report was received, for those this batch accepted or looked up
-        self.accepted_at: dict[tuple[str, int], datetime | None] = {}
-        self.before = {run.id: run.last_seq for run in runs.values()}  # each run's latest seq before the batch
-
-    def _latest_accepted_at(self, worker: _Run) -> datetime | None:
-        key = (worker.id, worker.last_seq)
-        if key not in self.accepted_at:  # accepted before this batch: one key lookup for every such run at once
-            wanted = [(run_id, seq) for run_id, seq in self.before.items() if (run_id, seq) not in self.accepted_at]
-            for run_id, seq in wanted:
-                self.accepted_at[run_id, seq] = None
-            found = self.session.execute(
-                select(MetricPoint.worker_run_id, MetricPoint.seq, MetricPoint.received_at).where(
-                    tuple_(MetricPoint.worker_run_id, MetricPoint.seq).in_(wanted)
-                )
-            )
-            for run_id, seq, received_at in found:
-                self.accepted_at[run_id, seq] = received_at
-        return self.accepted_at[key]
-
-    def _reported_since(self, worker: _Run, start: int, at: datetime) -> bool:
-        # The run's previous message was in this bucket, but it may have been a duplicate (not stored): look for
-        # a stored report there, first the run's latest accepted one, else, rarely (after a duplicate or a late
-        # report), through the run's reports, newest seq first.
-        latest = self._latest_accepted_at(worker)
-        if latest is not None and latest.timestamp() >= start:
-            return True
-        found = self.session.scalar(
-            select(MetricPoint.id)
-            .where(
-                MetricPoint.worker_run_id == worker.id,
-                MetricPoint.received_at >= datetime.fromtimestamp(start, timezone.utc),
-                MetricPoint.received_at < at,
-            )
-            .order_by(MetricPoint.seq.desc())
-            .limit(1)
-        )
-        return found is not None
 
     def add(self, worker: _Run, report: MetricReport, at: datetime) -> None:
         added = report.samples - worker.samples if report.seq > worker.last_seq else 0
         second = math.floor(at.timestamp())
-        previous = worker.last_seen_at.timestamp() if worker.last_seen_at is not None else None
+        previous = worker.last_stored_at.timestamp() if worker.last_stored_at is not None else None
         for width in BUCKET_WIDTHS:
             start = second // width * width
-            new_peer = previous is None or previous < start or not self._reported_since(worker, start, at)
             sums = self.sums.setdefault((worker.experiment_id, width, start), [0.0, 0, 0, 0])
             sums[0] += report.loss
             sums[1] += 1
             sums[2] += added
-            sums[3] += int(new_peer)
-        if report.seq > worker.last_seq:
-            self.accepted_at[worker.id, report.seq] = at
+            sums[3] += int(previous is None or previous < start)
 
-    def write(self, insert: Any) -> None:
+    def write(self, session: Session, insert: Any) -> None:
         if not self.sums:
             return
         rows = [
@@ -396,7 +363,7 @@ class _Buckets:
                 "peers": MetricBucket.peers + stmt.excluded.peers,
             },
         )
-        self.session.execute(stmt, rows)
+        session.execute(stmt, rows)
 
 
 def _active_since(window_seconds: int) -> datetime:

@@ -188,11 +188,12 @@ class WorkerRun(Base):
     device: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_stored_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # its newest stored report's arrival
     samples: Mapped[int] = mapped_column(BigInteger, default=0)
     epoch: Mapped[int] = mapped_column(BigInteger, default=0)
     loss: Mapped[float | None] = mapped_column(Float)
     samples_per_second: Mapped[float] = mapped_column(Float, default=0.0)
-    last_seq: Mapped[int] = mapped_column(BigInteger, default=-1)
+    last_seq: Mapped[int] = mapped_column(BigInteger, default=-1)  # the highest seq stored (see metrics.ingest)
 
     user: Mapped[User] = relationship(lazy="joined")
 

@@ -9,8 +9,10 @@ it is committed, so the worker can re-send what was lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections import deque
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -30,6 +32,8 @@ router = APIRouter(lifespan=ingestion.writer_lifespan)
 logger = logging.getLogger("swarmhub.ws")
 POLICY_VIOLATION = 1008
 MAX_MESSAGES_PER_SECOND = 50  # far above what a worker sends (about one message every 2 s)
+MAX_IN_FLIGHT = 64  # reports read from one socket and not yet acknowledged
+INTERNAL_ERROR = 1011
 
 
 async def _deny(websocket: WebSocket, status: int, detail: str) -> None:
@@ -51,16 +55,26 @@ def _authorize(app: Any, token: str | None, slug: str, worker_id: str) -> tuple[
         return worker.id, experiment.slug
 
 
-async def _store(app: Any, worker_id: str, report: MetricReport) -> ingestion.Outcome:
+async def _enqueue(app: Any, worker_id: str, report: MetricReport) -> asyncio.Future[ingestion.Outcome]:
+    """Hand a report to the process's writer; the future is set once it is committed."""
     writer = getattr(app.state, "reports", None)
-    if writer is None:  # an app used without its lifespan (no writer task): store this one report alone
+    if writer is not None:
+        return await writer.enqueue(worker_id, report)
+    # An app used without its lifespan (no writer task): store this one report alone, before the next is read
+    future: asyncio.Future[ingestion.Outcome] = asyncio.get_running_loop().create_future()
+    try:
         outcomes = await run_in_threadpool(ingestion.store, app.state.sessionmaker, [(worker_id, report, utcnow())])
-        return outcomes[0]
-    return await writer.submit(worker_id, report)
+        future.set_result(outcomes[0])
+    except Exception as exc:  # noqa: BLE001 - the acknowledging side raises it
+        future.set_exception(exc)
+    return future
 
 
 @router.websocket("/ws/experiments/{slug}/report")
 async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
+    """A worker's reports, in order. Reading and acknowledging run side by side: the socket reads the next
+    report while earlier ones wait for their transaction (at most MAX_IN_FLIGHT; then it stops reading), and
+    acknowledges each, in order, once it is committed."""
     app = websocket.app
     header = websocket.headers.get("authorization", "")
     token = header[7:].strip() if header.lower().startswith("bearer ") else None
@@ -70,42 +84,110 @@ async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
         return
     worker_id, slug = outcome
     await websocket.accept()
-    window_start, count = asyncio.get_running_loop().time(), 0
     count_websocket(app, "report", 1)
+    in_flight = _InFlight(MAX_IN_FLIGHT)
+    reader = asyncio.ensure_future(_read_reports(websocket, app, worker_id, in_flight))
+    acker = asyncio.ensure_future(_acknowledge(websocket, app, slug, in_flight))
     try:
-        while True:
+        # Either ends the socket: the worker hung up or broke a rule (reports already queued are still stored,
+        # unacknowledged: the worker re-sends them and they count once), or the volunteer was removed.
+        await asyncio.wait({reader, acker}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (reader, acker):
+            if not task.done():
+                task.cancel()
+        for task in (reader, acker):
+            with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
+                await task
+    except Exception:
+        logger.exception("a report socket of worker run %s failed", worker_id)
+        with contextlib.suppress(Exception):
+            await websocket.close(INTERNAL_ERROR, "the server could not store a report: re-send it")
+    finally:
+        count_websocket(app, "report", -1)
+
+
+async def _read_reports(websocket: WebSocket, app: Any, worker_id: str, in_flight: _InFlight) -> None:
+    """Read, bound and validate reports and queue each for storing, until the worker hangs up or breaks a
+    rule (then the socket is closed with the reason)."""
+    loop = asyncio.get_running_loop()
+    window_start, count = loop.time(), 0
+    while True:
+        try:
             text = await websocket.receive_text()
-            now = asyncio.get_running_loop().time()
-            if now - window_start >= 1:
-                window_start, count = now, 0
-            count += 1
-            if count > MAX_MESSAGES_PER_SECOND:
-                await websocket.close(POLICY_VIOLATION, "too many messages")
-                return
-            if len(text.encode()) > MAX_REPORT_BYTES:
-                await websocket.close(POLICY_VIOLATION, f"message larger than {MAX_REPORT_BYTES} bytes")
-                return
-            try:
-                message = MetricReport.model_validate_json(text)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                field = ".".join(str(p) for p in first["loc"]) or "message"
-                await websocket.close(POLICY_VIOLATION, f"invalid report: {field}: {first['msg']}"[:120])
-                return
-            control, stored = await _store(app, worker_id, message)  # returns once the report is committed
-            app.state.metrics.ingested.labels("stored" if stored else "duplicate").inc()
+        except WebSocketDisconnect:
+            return
+        now = loop.time()
+        if now - window_start >= 1:
+            window_start, count = now, 0
+        count += 1
+        if count > MAX_MESSAGES_PER_SECOND:
+            await websocket.close(POLICY_VIOLATION, "too many messages")
+            return
+        if len(text) > MAX_REPORT_BYTES or len(text.encode()) > MAX_REPORT_BYTES:
+            await websocket.close(POLICY_VIOLATION, f"message larger than {MAX_REPORT_BYTES} bytes")
+            return
+        try:
+            message = MetricReport.model_validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "message"
+            await websocket.close(POLICY_VIOLATION, f"invalid report: {field}: {first['msg']}"[:120])
+            return
+        future = await _enqueue(app, worker_id, message)
+        await in_flight.put(message.seq, future)  # waits while MAX_IN_FLIGHT are unacknowledged
+
+
+async def _acknowledge(websocket: WebSocket, app: Any, slug: str, in_flight: _InFlight) -> None:
+    """Acknowledge the queued reports, in order, once committed; stop a removed volunteer's socket. Acks are
+    cumulative (an ack of seq N answers every report of this socket up to N), so the reports of one socket
+    that one transaction stored get one ack."""
+    counted = {True: app.state.metrics.ingested.labels("stored"), False: app.state.metrics.ingested.labels("duplicate")}
+    while True:
+        seq, future = await in_flight.first()
+        outcome = await future  # raises what storing raised: the socket is closed and the worker re-sends
+        last_control = None
+        while True:
+            in_flight.pop()
+            control, stored = outcome
+            counted[stored].inc()
             if control is not None and control.removed:  # nothing more is stored from a removed volunteer
                 await websocket.send_text(control.model_dump_json())
                 await websocket.close(POLICY_VIOLATION, "removed by the organizer")
                 return
-            app.state.live.mark(slug)
-            await websocket.send_text(Ack(seq=message.seq).model_dump_json())
-            if control is not None:
-                await websocket.send_text(control.model_dump_json())
-    except WebSocketDisconnect:
-        pass
-    finally:
-        count_websocket(app, "report", -1)
+            last_control = control or last_control
+            if not in_flight.items or not in_flight.items[0][1].done():
+                break
+            seq, future = in_flight.items[0]
+            outcome = future.result()
+        app.state.live.mark(slug)
+        await websocket.send_text(Ack(seq=seq).model_dump_json())
+        if last_control is not None:
+            await websocket.send_text(last_control.model_dump_json())
+
+
+class _InFlight:
+    """One socket's reports between reading and acknowledging, in order: at most ``limit`` (then ``put``
+    waits, and the socket stops reading)."""
+
+    def __init__(self, limit: int):
+        self.items: deque[tuple[int, asyncio.Future[ingestion.Outcome]]] = deque()
+        self._room = asyncio.Semaphore(limit)
+        self._ready = asyncio.Event()
+
+    async def put(self, seq: int, future: asyncio.Future[ingestion.Outcome]) -> None:
+        await self._room.acquire()
+        self.items.append((seq, future))
+        self._ready.set()
+
+    async def first(self) -> tuple[int, asyncio.Future[ingestion.Outcome]]:
+        while not self.items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self.items[0]
+
+    def pop(self) -> None:
+        self.items.popleft()
+        self._room.release()
 
 
 def _snapshot(app: Any, slug: str) -> str | None:
