@@ -189,6 +189,7 @@ def test_swarm_token_refresh_is_signed_by_the_experiment(client, db):
         "/api/experiments/open/swarm-token", json={"peer_public_key": PEER_KEY}, headers=api_token(client)
     )
     assert response.status_code == 200
+    assert response.headers["cache-control"] == "no-store"  # it carries a token
     token = swarm_access.token_from_wire(response.json())
     with db() as session:
         experiment = session.scalar(select(Experiment).where(Experiment.slug == "open"))

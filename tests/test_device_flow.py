@@ -8,7 +8,7 @@ from sqlalchemy import update
 
 from swarmhub.server.models import DeviceAuthorization, utcnow
 
-from .conftest import login, make_user
+from .conftest import PASSWORD, login, make_user
 
 
 def start(client):
@@ -37,7 +37,8 @@ def test_device_code_response(client):
 def test_approve_in_browser_then_poll_gets_a_working_token(client, db):
     make_user(db)
     code = start(client)
-    assert poll(client, code).json() == {"error": "authorization_pending"}
+    pending = poll(client, code)
+    assert pending.json() == {"error": "authorization_pending"} and pending.headers["cache-control"] == "no-store"
     assert poll(client, code).json() == {"error": "slow_down"}  # polled faster than the interval
 
     csrf = login(client)
@@ -50,6 +51,7 @@ def test_approve_in_browser_then_poll_gets_a_working_token(client, db):
     token = poll(client, code)
     assert token.status_code == 200
     assert token.json()["username"] == "alice"
+    assert token.headers["cache-control"] == "no-store"  # RFC 6749 section 5.1: a token is never cached
     me = client.get("/api/me", headers={"Authorization": f"Bearer {token.json()['access_token']}"})
     assert me.json()["username"] == "alice"
     allow_next_poll(db)
@@ -139,3 +141,12 @@ def test_other_grant_types_are_unsupported(client, db):
     allow_next_poll(db)
     token = poll(client, code)
     assert token.status_code == 200, token.text
+
+
+def test_token_responses_are_not_cached(client, db):
+    """A password token's answer says no-store too (the swarm token's: tests/test_api.py); others do not."""
+    make_user(db)
+    token = client.post("/api/auth/token", json={"username": "alice", "password": PASSWORD})
+    assert token.status_code == 200
+    assert (token.headers["cache-control"], token.headers["pragma"]) == ("no-store", "no-cache")
+    assert "no-store" not in client.get("/api/experiments").headers.get("cache-control", "")

@@ -87,6 +87,14 @@ def form_or_json_openapi(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
+NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}  # RFC 6749 section 5.1: never cache a token
+
+
+def no_store(response: Response) -> None:
+    """Responses that carry a token (or a signed swarm token) are not to be cached by any client or proxy."""
+    response.headers.update(NO_STORE)
+
+
 class LoginRequest(accounts.Login):
     token_name: StoredText = Field(default="api", max_length=100)
 
@@ -118,20 +126,21 @@ def device_code(
     response_model=TokenResponse,
     responses={400: {"description": 'RFC 8628 / RFC 6749 error: {"error": "authorization_pending"} and the like'}},
     openapi_extra=form_or_json_openapi(DeviceTokenRequest),
+    dependencies=[Depends(no_store)],
 )
 def device_token(
     body: Annotated[DeviceTokenRequest, form_or_json(DeviceTokenRequest)], session: DB
 ) -> TokenResponse | JSONResponse:
     if body.grant_type != DEVICE_CODE_GRANT:
         # RFC 6749 section 5.2: this endpoint grants tokens for device codes only
-        return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
+        return JSONResponse({"error": "unsupported_grant_type"}, status_code=400, headers=NO_STORE)
     result = device.poll(session, body.device_code)
     if isinstance(result, str):
-        return JSONResponse({"error": result}, status_code=400)
+        return JSONResponse({"error": result}, status_code=400, headers=NO_STORE)
     return result
 
 
-@router.post("/auth/token", response_model=TokenResponse, dependencies=[limited("login")])
+@router.post("/auth/token", response_model=TokenResponse, dependencies=[limited("login"), Depends(no_store)])
 def password_token(body: LoginRequest, session: DB) -> TokenResponse:
     """A token for scripts that hold a password (the CLI uses the device flow instead)."""
     user = accounts.authenticate(session, body.username, body.password)
@@ -198,7 +207,7 @@ def _bootstrap_addresses(request: Request, run_id: str, timeout: float) -> list[
         time.sleep(0.2)
 
 
-@router.post("/experiments/{slug}/join", response_model=JoinResponse)
+@router.post("/experiments/{slug}/join", response_model=JoinResponse, dependencies=[Depends(no_store)])
 def join(
     slug: str, body: JoinBody, session: DB, user: CurrentUser, settings: AppSettings, request: Request
 ) -> JoinResponse:
@@ -231,7 +240,7 @@ def join(
     )
 
 
-@router.post("/experiments/{slug}/swarm-token", response_model=SwarmToken)
+@router.post("/experiments/{slug}/swarm-token", response_model=SwarmToken, dependencies=[Depends(no_store)])
 def refresh_swarm_token(
     slug: str, body: SwarmTokenRequest, session: DB, user: CurrentUser, settings: AppSettings
 ) -> SwarmToken:
