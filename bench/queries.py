@@ -159,10 +159,16 @@ class Reference:
             .all()
         )
         fastest_signed: dict[str, float] = defaultdict(float)
+        top_two: dict[str, list[tuple[float, int]]] = defaultdict(list)  # per class: the two fastest signers
         for user_id, e in per_user.items():
             signed = verified.get(user_id, contributions.Verified()).peak_samples_per_second
             for cls in e["classes"]:
                 fastest_signed[cls] = max(fastest_signed[cls], signed)
+                top_two[cls] = sorted([*top_two[cls], (signed, user_id)], reverse=True)[:2]
+
+        def others(cls: str, user_id: int) -> float:  # the fastest signed rate of another peer of the class
+            return next((peak for peak, holder in top_two[cls] if holder != user_id), 0.0)
+
         flags: dict[int, list[str]] = {}
         for user_id, e in per_user.items():
             v = verified.get(user_id, contributions.Verified())
@@ -182,6 +188,13 @@ class Reference:
                         f"reported {peak:,.0f} samples/s; "
                         f"the fastest signed rate of a {cls} peer here is {reference:,.0f}"
                     )
+            classes = sorted(e["classes"])
+            rivals = [others(cls, user_id) for cls in classes] if v.peak_samples_per_second > 0 else []
+            if rivals and min(rivals) > 0 and v.peak_samples_per_second > metrics.SIGNED_FACTOR * max(rivals):
+                mine.append(
+                    f"signed records show {v.peak_samples_per_second:,.0f} samples/s; no other {'/'.join(classes)} "
+                    f"peer here signed more than {max(rivals):,.0f}"
+                )
             if mine:
                 flags[user_id] = mine
         return flags

@@ -373,6 +373,9 @@ def _active_since(window_seconds: int) -> datetime:
 # A claim is implausible when it is this far above what the swarm's signed records show.
 CLAIM_SLACK = 0.25  # claimed samples over verified + pending, beyond the reporting lag
 THROUGHPUT_FACTOR = 3.0  # claimed peak rate over the fastest signed rate of the same device class
+# A volunteer's own signed peak over the fastest other peer of their classes: honest devices of one class can
+# differ several times over (a laptop and a workstation are both "cpu"), so only an order of magnitude is flagged
+SIGNED_FACTOR = 10.0
 
 LEADERBOARD_LIMIT = 100  # rows of a page unless asked otherwise; what dashboards show
 LEADERBOARD_MAX_LIMIT = 1000
@@ -510,6 +513,7 @@ def leaderboard_page(
     totals = session.get(ExperimentTotal, experiment.id)
     total_verified = totals.verified_samples if totals is not None else 0
     fastest_signed = dict(totals.signed_peaks) if totals is not None else {}
+    references = _ClassReferences(session, experiment.id, fastest_signed)
     board = []
     for rank, row in enumerate(page, start=first_rank):
         seen = [t for t in (row.last_report_at, row.last_signed_at) if t is not None]
@@ -526,15 +530,50 @@ def leaderboard_page(
                 time_online_seconds=round(row.online_seconds, 1),
                 active=last_seen is not None and last_seen >= since,
                 last_seen=last_seen,
-                flags=_flags(experiment, row, fastest_signed) if with_flags else None,
+                flags=_flags(experiment, row, references) if with_flags else None,
             )
         )
     return LeaderboardPage(entries=board, next_cursor=next_cursor)
 
 
-def _flags(experiment: Experiment, row: VolunteerTotal, fastest_signed: dict[str, float]) -> list[str]:
-    """Claims the signed records do not back: samples that never reached an averaging round, and a
-    reported rate far above what peers of the same device class were seen to do in this experiment."""
+class _ClassReferences:
+    """The fastest signed rate of each device class here (kept in the experiment's totals), and, for the
+    volunteer who holds it, the runner-up: the fastest signed rate of *another* volunteer of the class, looked
+    up through the index on the signed peak (a few rows), so that inflated signed records are not their own
+    yardstick."""
+
+    SCAN = 50  # rows of the fastest volunteers looked through for one of the class
+
+    def __init__(self, session: Session, experiment_id: int, fastest: dict[str, float]):
+        self.session = session
+        self.experiment_id = experiment_id
+        self.fastest = fastest
+        self._runner_up: dict[tuple[str, int], float] = {}
+
+    def others(self, cls: str, row: VolunteerTotal) -> float:
+        fastest = self.fastest.get(cls, 0.0)
+        if row.peak_signed_samples_per_second < fastest:
+            return fastest  # someone else holds the class's peak
+        key = (cls, row.user_id)
+        if key not in self._runner_up:
+            faster = self.session.execute(
+                select(VolunteerTotal.peak_signed_samples_per_second, VolunteerTotal.device_classes)
+                .where(
+                    VolunteerTotal.experiment_id == self.experiment_id,
+                    VolunteerTotal.user_id != row.user_id,
+                    VolunteerTotal.peak_signed_samples_per_second > 0,
+                )
+                .order_by(VolunteerTotal.peak_signed_samples_per_second.desc())
+                .limit(self.SCAN)
+            )
+            self._runner_up[key] = next((peak for peak, classes in faster if cls in classes), 0.0)
+        return self._runner_up[key]
+
+
+def _flags(experiment: Experiment, row: VolunteerTotal, references: _ClassReferences) -> list[str]:
+    """Claims the signed records do not back: samples that never reached an averaging round, a reported rate
+    far above what peers of the same device class were seen to do here, and signed records whose rate is far
+    above every other peer of the class."""
     flags = []
     backed = row.verified_samples + row.pending_samples
     # What the monitor cannot have seen: each epoch's last moments at the peer's rate, plus reporting lag.
@@ -544,13 +583,22 @@ def _flags(experiment: Experiment, row: VolunteerTotal, fastest_signed: dict[str
             f"claims {row.claimed_samples:,} samples but the swarm's signed records show {backed:,}: "
             "the rest never reached an averaging round"
         )
-    peak = row.peak_claimed_samples_per_second
-    for cls in sorted(row.device_classes):
-        reference = fastest_signed.get(cls, 0.0)
-        if reference > 0 and peak > THROUGHPUT_FACTOR * reference:
+    claimed, signed = row.peak_claimed_samples_per_second, row.peak_signed_samples_per_second
+    classes = sorted(row.device_classes)
+    for cls in classes:
+        fastest = references.fastest.get(cls, 0.0)
+        if fastest > 0 and claimed > THROUGHPUT_FACTOR * fastest:
             flags.append(
-                f"reported {peak:,.0f} samples/s; the fastest signed rate of a {cls} peer here is {reference:,.0f}"
+                f"reported {claimed:,.0f} samples/s; the fastest signed rate of a {cls} peer here is {fastest:,.0f}"
             )
+    # The signed peak may come from any of the volunteer's devices: held against the most capable of their
+    # classes, and only when every one of them has another peer to compare with.
+    others = [references.others(cls, row) for cls in classes] if signed > 0 else []
+    if others and min(others) > 0 and signed > SIGNED_FACTOR * max(others):
+        flags.append(
+            f"signed records show {signed:,.0f} samples/s; no other {'/'.join(classes)} peer here signed more "
+            f"than {max(others):,.0f}"
+        )
     return flags
 
 

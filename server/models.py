@@ -279,6 +279,8 @@ class VolunteerTotal(Base):
             postgresql_where=text("pending_samples > 0"),
             sqlite_where=text("pending_samples > 0"),
         ),
+        # The fastest signed rates, read for the organizer's flags (metrics._ClassReferences)
+        Index("ix_volunteer_totals_signed_peak", "experiment_id", "peak_signed_samples_per_second"),
     )
 
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True)

@@ -73,6 +73,19 @@ def recount(session: Any, experiment: Experiment) -> tuple[list[dict[str, Any]],
         for cls in sorted(p["classes"]):
             if fastest[cls] > 0 and p["peak"] > metrics.THROUGHPUT_FACTOR * fastest[cls]:
                 flags.append(f"rate:{cls}")
+        others = [
+            max(
+                (
+                    ledger.get(u, contributions.Verified()).peak_samples_per_second
+                    for u, q in people.items()
+                    if u != user_id and cls in q["classes"]
+                ),
+                default=0.0,
+            )
+            for cls in p["classes"]
+        ]
+        if others and min(others) > 0 and v.peak_samples_per_second > metrics.SIGNED_FACTOR * max(others):
+            flags.append(f"signed:{'/'.join(sorted(p['classes']))}")
         board.append(
             {
                 "rank": rank,
@@ -107,7 +120,11 @@ def aggregated(session: Any, experiment: Experiment, **page: int) -> list[dict[s
         {
             **row.model_dump(),
             "flags": [
-                "unbacked" if "never reached" in flag else f"rate:{flag.split(' of a ')[1].split()[0]}"
+                "unbacked"
+                if "never reached" in flag
+                else f"signed:{flag.split('no other ')[1].split()[0]}"
+                if "signed records" in flag
+                else f"rate:{flag.split(' of a ')[1].split()[0]}"
                 for flag in row.flags or []
             ],
         }
@@ -247,6 +264,14 @@ def test_totals_equal_a_recount_through_epochs_duplicates_late_reads_and_a_remov
             v = ledger.get(row.user_id, contributions.Verified())
             assert (row.verified_samples, row.pending_samples, row.epochs) == (v.samples, v.pending, v.epochs)
             assert row.online_seconds == pytest.approx(v.online_seconds)
+
+    # mallory now also signs records at the rate she claims: she holds the cpu class's fastest signed rate, so
+    # her claim is no longer far above it; her signed rate is held against the other cpu peers' instead.
+    run.read(6, ("mallory", "QmM", 3, 40, 2000.0))
+    board, _ = run.check()
+    rows = {r["username"]: r for r in board}
+    assert "rate:cpu" not in rows["mallory"]["flags"] and "signed:cpu" in rows["mallory"]["flags"]
+    assert rows["ada"]["flags"] == [] and rows["Grace"]["flags"] == []  # ada (cpu and cuda) has no other cuda peer
 
 
 def test_leaderboard_pages_keep_the_absolute_rank(client, db):

@@ -1,5 +1,6 @@
 """worker_runs.last_stored_at: when the run's newest stored report was received, so that a batch of reports
-knows whether a run already counts as a peer in a metric bucket without looking through its reports
+knows whether a run already counts as a peer in a metric bucket without looking through its reports; an index
+on the volunteers' fastest signed rates, for the organizer's flags
 
 Revision ID: 0011
 Revises: 0010
@@ -22,8 +23,12 @@ def upgrade() -> None:
         "UPDATE worker_runs SET last_stored_at = "
         "(SELECT max(received_at) FROM metric_points WHERE metric_points.worker_run_id = worker_runs.id)"
     )
+    op.create_index(
+        "ix_volunteer_totals_signed_peak", "volunteer_totals", ["experiment_id", "peak_signed_samples_per_second"]
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_volunteer_totals_signed_peak", table_name="volunteer_totals")
     with op.batch_alter_table("worker_runs") as batch:
         batch.drop_column("last_stored_at")
