@@ -156,6 +156,9 @@ class MetricReport(BaseModel):
 
 
 class Ack(BaseModel):
+    """Server to worker: every report of this connection up to ``seq`` is stored. Acks are cumulative: the
+    server stores a connection's reports in the order sent and may answer several with one ack."""
+
     type: Literal["ack"] = "ack"
     seq: int
 
