@@ -37,6 +37,7 @@ logger = logging.getLogger("swarmhub.ingestion")
 INTERVAL = 0.05  # seconds: at most one commit per interval (20 a second), on the leading edge
 MAX_BATCH = 1000  # reports per transaction
 MAX_QUEUE = 5000  # reports waiting; beyond this a socket waits before it reads its next message
+MAX_OWNERS = 100_000  # worker runs whose experiment and volunteer the writer remembers
 
 Outcome = tuple[Control | None, bool]  # what stops the worker, if anything; whether the report was new
 
@@ -49,20 +50,29 @@ class _Pending:
     done: asyncio.Future[Outcome] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
-def store(db: sessionmaker[Session], items: list[tuple[str, MetricReport, datetime]]) -> list[Outcome]:
+def store(
+    db: sessionmaker[Session],
+    items: list[tuple[str, MetricReport, datetime]],
+    owners: dict[str, tuple[int, int]] | None = None,
+) -> list[Outcome]:
     """Store reports of any workers in one transaction; for each, what stops its worker (a paused experiment, a
-    removal: nothing more is stored from a removed volunteer) and whether the report was new."""
+    removal: nothing more is stored from a removed volunteer) and whether the report was new. ``owners``: each
+    worker run's (experiment, volunteer) as far as already known (they never change), filled in here."""
+    owners = {} if owners is None else owners
     with db.begin() as session:
         # Who and where: a run's experiment and volunteer never change (its numbers are read under lock later).
-        found = session.execute(
-            select(WorkerRun.id, WorkerRun.experiment_id, WorkerRun.user_id).where(
-                WorkerRun.id.in_({worker_id for worker_id, *_ in items})
+        unknown = {worker_id for worker_id, *_ in items if worker_id not in owners}
+        if unknown:
+            found = session.execute(
+                select(WorkerRun.id, WorkerRun.experiment_id, WorkerRun.user_id).where(WorkerRun.id.in_(unknown))
             )
-        )
-        runs = {run_id: (experiment_id, user_id) for run_id, experiment_id, user_id in found}
-        missing = {worker_id for worker_id, *_ in items} - runs.keys()
-        if missing:
-            raise LookupError(f"unknown worker runs {sorted(missing)}")
+            if len(owners) + len(unknown) > MAX_OWNERS:
+                owners.clear()
+            owners.update({run_id: (experiment_id, user_id) for run_id, experiment_id, user_id in found})
+            missing = unknown - owners.keys()
+            if missing:
+                raise LookupError(f"unknown worker runs {sorted(missing)}")
+        runs = {worker_id: owners[worker_id] for worker_id, *_ in items}
         experiment_ids = {experiment_id for experiment_id, _ in runs.values()}
         status_rows = session.execute(select(Experiment.id, Experiment.status).where(Experiment.id.in_(experiment_ids)))
         statuses = {experiment_id: status for experiment_id, status in status_rows}
@@ -76,7 +86,7 @@ def store(db: sessionmaker[Session], items: list[tuple[str, MetricReport, dateti
             return runs[worker_id] in banned
 
         kept = [(worker_id, report, at) for worker_id, report, at in items if not removed(worker_id)]
-        new = iter(metrics.ingest_many(session, kept))
+        new = iter(metrics.ingest_many(session, kept, {runs[worker_id][0] for worker_id, *_ in kept}))
         outcomes: list[Outcome] = []
         for worker_id, _, _ in items:
             status = ExperimentStatus(statuses[runs[worker_id][0]])
@@ -109,6 +119,7 @@ class ReportWriter:
         self.max_batch = max_batch
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=max_queue)
         self._closed = False
+        self._owners: dict[str, tuple[int, int]] = {}  # worker run -> (experiment, volunteer), never changes
         self.batches = 0  # transactions committed, for tests and benchmarks
         self.stored = 0
 
@@ -152,7 +163,7 @@ class ReportWriter:
     async def _store(self, batch: list[_Pending]) -> None:
         items = [(p.worker_id, p.report, p.received_at) for p in batch]
         try:
-            outcomes = await run_in_threadpool(store, self.db, items)
+            outcomes = await run_in_threadpool(store, self.db, items, self._owners)
         except Exception:
             if len(batch) == 1:
                 logger.exception("storing a report of worker run %s failed", batch[0].worker_id)

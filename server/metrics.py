@@ -176,13 +176,16 @@ def ingest(session: Session, worker: WorkerRun, report: MetricReport) -> bool:
     return ingest_many(session, [(worker.id, report, utcnow())])[0]
 
 
-def ingest_many(session: Session, reports: Sequence[tuple[str, MetricReport, datetime]]) -> list[bool]:
+def ingest_many(
+    session: Session, reports: Sequence[tuple[str, MetricReport, datetime]], experiment_ids: set[int] | None = None
+) -> list[bool]:
     """Store reports (each with its worker run's id and the time it was received) as :func:`ingest` would one
     after another, in the order given, with a few Core statements for the whole batch: one multi-row insert of
     the metric points, one upsert of the buckets they fall in, and one executemany UPDATE each for the touched
     worker runs, volunteer totals and experiment totals. Returns, for each report, whether it was new (False:
     already stored, or given twice here). Worker runs and totals the session already holds as ORM objects are
-    expired, so that they read the new numbers on next access."""
+    expired, so that they read the new numbers on next access. ``experiment_ids``: the reports' experiments, when
+    the caller knows them already."""
     if not reports:
         return []
     session.flush()  # what the session holds goes first: the statements below bypass its unit of work
@@ -191,7 +194,8 @@ def ingest_many(session: Session, reports: Sequence[tuple[str, MetricReport, dat
     run_ids = {run_id for run_id, *_ in reports}
     # Locked until commit, in one order, so that batches and ledger reads of an experiment take turns and never
     # wait on each other crosswise; the runs are read under those locks.
-    experiment_ids = session.scalars(select(_RUNS.c.experiment_id).where(_RUNS.c.id.in_(run_ids)).distinct())
+    if experiment_ids is None:
+        experiment_ids = set(session.scalars(select(_RUNS.c.experiment_id).where(_RUNS.c.id.in_(run_ids)).distinct()))
     totals = {eid: _lock_totals(session, eid, insert) for eid in sorted(experiment_ids)}
     run_rows = session.execute(
         select(
@@ -199,6 +203,8 @@ def ingest_many(session: Session, reports: Sequence[tuple[str, MetricReport, dat
         ).where(_RUNS.c.id.in_(run_ids))
     )
     runs = {row.id: _Run(row) for row in run_rows}
+    if len(runs) < len(run_ids):  # removed meanwhile (its experiment was deleted)
+        raise LookupError(f"unknown worker runs {sorted(run_ids - runs.keys())}")
     volunteers: dict[tuple[int, int], _Volunteer] = {}
     for eid in totals:
         users = {run.user_id for run in runs.values() if run.experiment_id == eid}
