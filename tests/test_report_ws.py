@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -10,7 +14,8 @@ from starlette.testclient import WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
 from swarmhub.server import experiments
-from swarmhub.server.models import MetricPoint, WorkerRun
+from swarmhub.server.models import ExperimentTotal, MetricPoint, WorkerRun
+from swarmhub.server.routes.ws import MAX_IN_FLIGHT, MAX_MESSAGES_PER_SECOND
 from swarmhub.worker.protocol import MetricReport
 
 from .conftest import api_token, make_experiment, make_user
@@ -165,3 +170,151 @@ def test_removed_volunteer_is_told_and_nothing_more_is_stored(client, db, swarm)
             ws.receive_text()
     assert control["removed"] is True and control["type"] == "control"
     assert stored(db) == 1
+
+
+# Pipelined reports: the worker sends without waiting for acks; the socket reads ahead while earlier reports
+# wait for their transaction, and acks are cumulative. The server closes a socket that sends more than
+# MAX_MESSAGES_PER_SECOND messages a second (counted as it reads them), so a test sends at most that many
+# between two pauses of a second.
+
+
+def send(ws, seqs):
+    for seq in seqs:
+        ws.send_text(report(seq, samples=10 * (seq + 1), loss=3.0 - seq / 1000))
+
+
+def acks_until(ws, last):
+    """The seqs of the acks received up to the ack of ``last``; fails on anything else."""
+    acked = []
+    while not acked or acked[-1] != last:
+        message = json.loads(ws.receive_text())
+        assert message["type"] == "ack", message
+        acked.append(message["seq"])
+    return acked
+
+
+def stored_seqs(db, worker_id):
+    with db() as session:
+        return list(
+            session.scalars(select(MetricPoint.seq).where(MetricPoint.worker_run_id == worker_id).order_by("seq"))
+        )
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def test_pipelined_reports_get_cumulative_acks_in_order_and_are_stored_once(client, db, swarm):
+    headers, worker_id = swarm["alice"]
+    sent, acked = [], []
+    with client.websocket_connect(url(worker_id), headers=headers) as ws:
+        for start in range(0, 200, MAX_MESSAGES_PER_SECOND):
+            seqs = range(start, start + MAX_MESSAGES_PER_SECOND)
+            send(ws, seqs)  # back to back, no waiting for acks
+            sent += seqs
+            acked += acks_until(ws, seqs[-1])
+            time.sleep(1.05)
+        ws.send_text(report(120, samples=1210))  # re-sent after its ack: acked again, stored once
+        assert json.loads(ws.receive_text()) == {"type": "ack", "seq": 120}
+    assert len(sent) == 200 and acked[-1] == 199
+    # Fewer acks than reports only because one ack answers every report up to its seq
+    assert acked == sorted(set(acked)) and set(acked) <= set(sent)
+    assert stored_seqs(db, worker_id) == sent
+    with db() as session:
+        run = session.get(WorkerRun, worker_id)
+        assert (run.last_seq, run.samples, run.epoch, run.loss) == (199, 2000, 199 // 4, pytest.approx(3.0 - 0.199))
+        assert run.last_stored_at is not None
+    summary = client.get("/api/experiments/live/metrics").json()["summary"]
+    assert (summary["active_peers"], summary["total_samples"]) == (1, 2000)
+
+
+def test_pipelined_reports_of_a_paused_experiment_get_the_control_after_each_ack(client, db, swarm):
+    headers, worker_id = swarm["alice"]
+    with client.websocket_connect(url(worker_id), headers=headers) as ws:
+        ws.send_text(report(0))
+        assert json.loads(ws.receive_text()) == {"type": "ack", "seq": 0}
+        client.post("/api/experiments/live/status", json={"action": "pause"}, headers=headers)
+        send(ws, range(1, 21))
+        messages = []
+        while not messages or messages[-1] != {"type": "ack", "seq": 20}:
+            messages.append(json.loads(ws.receive_text()))
+        messages.append(json.loads(ws.receive_text()))
+    acks, controls = messages[0::2], messages[1::2]
+    assert [m["type"] for m in acks] == ["ack"] * len(acks)
+    assert [a["seq"] for a in acks] == sorted({a["seq"] for a in acks}) and acks[-1]["seq"] == 20
+    assert [(c["type"], c["status"], c["removed"]) for c in controls] == [("control", "paused", False)] * len(acks)
+    assert stored_seqs(db, worker_id) == list(range(21))  # a paused experiment still stores what was sent
+
+
+def test_pipelined_reports_of_a_removed_volunteer_are_not_stored_and_the_socket_is_closed(client, db, swarm):
+    headers, worker_id = swarm["bob"]
+    organizer, _ = swarm["alice"]
+    with client.websocket_connect(url(worker_id), headers=headers) as ws:
+        ws.send_text(report(0))
+        assert json.loads(ws.receive_text()) == {"type": "ack", "seq": 0}
+        assert client.post("/api/experiments/live/bans", json={"username": "bob"}, headers=organizer).status_code == 204
+        send(ws, range(1, 21))
+        control = json.loads(ws.receive_text())  # no ack first: none of them was stored
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()
+    assert (control["type"], control["removed"]) == ("control", True)
+    assert closed.value.code == 1008
+    assert stored_seqs(db, worker_id) == [0]
+
+
+@contextlib.contextmanager
+def database_held(db: Any, experiment_id: int) -> Iterator[None]:
+    """Another connection holds what a batch of reports for the experiment must write: on PostgreSQL the
+    experiment's totals row (every batch locks it first), on SQLite the database's write lock."""
+    engine = db.kw["bind"]
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.execute(
+                select(ExperimentTotal).where(ExperimentTotal.experiment_id == experiment_id).with_for_update()
+            )
+            yield
+            conn.rollback()
+    else:
+        raw = engine.raw_connection()
+        try:
+            raw.driver_connection.execute("BEGIN IMMEDIATE")
+            yield
+            raw.driver_connection.execute("ROLLBACK")
+        finally:
+            raw.close()
+
+
+def test_a_socket_stops_reading_at_max_in_flight_while_the_database_is_busy_and_loses_nothing(app, client, db, swarm):
+    headers, worker_id = swarm["alice"]
+    writer = app.state.reports
+    with db() as session:
+        experiment_id = session.get(WorkerRun, worker_id).experiment_id
+    with client.websocket_connect(url(worker_id), headers=headers) as ws:
+        ws.send_text(report(0))  # stores the experiment's totals row, which database_held locks on PostgreSQL
+        assert json.loads(ws.receive_text()) == {"type": "ack", "seq": 0}
+        with database_held(db, experiment_id):
+            ws.send_text(report(1))
+            time.sleep(1.05)  # the writer takes seq 1 alone, and waits for the database
+            send(ws, range(2, 50))  # 48: with seq 0 and 1, at most 50 in any second
+            wait_until(lambda: writer._queue.qsize() == 48, "the socket read all 48")
+            time.sleep(1.05)
+            # 50 more: the socket reads up to MAX_IN_FLIGHT unacknowledged (seq 1 to 64) and then stops reading
+            send(ws, range(50, 100))
+            wait_until(lambda: writer._queue.qsize() >= MAX_IN_FLIGHT - 1, "the socket read up to seq 64")
+            queued = writer._queue.qsize()
+            time.sleep(0.3)
+            # Seq 1 waits in the writer's batch, seq 2 to 64 are queued, and the socket reads no further (it hands
+            # the report it read last to the writer before it waits for room: seq 65 may be queued too)
+            assert writer._queue.qsize() == queued and queued in (MAX_IN_FLIGHT - 1, MAX_IN_FLIGHT)
+            assert stored_seqs(db, worker_id) == [0]
+        acked = acks_until(ws, 99)
+        time.sleep(1.05)
+        send(ws, [100])  # the socket is still open
+        assert json.loads(ws.receive_text()) == {"type": "ack", "seq": 100}
+    assert acked == sorted(set(acked)) and set(acked) <= set(range(1, 100))
+    assert stored_seqs(db, worker_id) == list(range(101))
+    with db() as session:
+        assert session.get(WorkerRun, worker_id).samples == 1010
