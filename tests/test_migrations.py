@@ -1,12 +1,20 @@
-"""Migrations are the only way the schema changes: after upgrading, the models and the database agree."""
+"""Migrations are the only way the schema changes: after upgrading, the models and the database agree, and a
+migration that fills a new column from existing rows fills it as the code would have."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from swarmhub.server.db import make_engine
-from swarmhub.server.models import Base
+from swarmhub.server.db import alembic_config, make_engine
+from swarmhub.server.models import Base, Experiment, MetricPoint, User, WorkerRun
 
 
 def test_migrations_match_models(database_url):
@@ -16,3 +24,93 @@ def test_migrations_match_models(database_url):
         diff = compare_metadata(context, Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+@pytest.fixture
+def empty_database(database_url: str, tmp_path: Path) -> Iterator[sa.Engine]:
+    """An engine on an empty database of the same kind, for driving migrations revision by revision: a new
+    SQLite file, or a schema of its own in the test database on PostgreSQL (the suite's tables stay as they are)."""
+    if database_url.startswith("sqlite"):
+        engine = make_engine(f"sqlite:///{tmp_path / 'migrations.db'}")
+        yield engine
+        engine.dispose()
+        return
+    admin = make_engine(database_url)
+    with admin.begin() as conn:
+        conn.execute(sa.text("DROP SCHEMA IF EXISTS migration_steps CASCADE"))
+        conn.execute(sa.text("CREATE SCHEMA migration_steps"))
+    engine = sa.create_engine(database_url, connect_args={"options": "-c search_path=migration_steps"})
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+        with admin.begin() as conn:
+            conn.execute(sa.text("DROP SCHEMA migration_steps CASCADE"))
+        admin.dispose()
+
+
+def test_0011_backfills_each_runs_newest_report_arrival_and_downgrades(empty_database):
+    engine = empty_database
+    config = alembic_config(engine)
+    command.upgrade(config, "0010")
+    t0 = datetime(2026, 12, 2, 8, 0, 0, 123_456, tzinfo=timezone.utc)
+    experiment_fields = {
+        "title": "Experiment",
+        "task": "digits",
+        "optimizer": "lamb",
+        "learning_rate": 0.01,
+        "target_batch_size": 128,
+        "matchmaking_time": 2.0,
+        "averaging_timeout": 30.0,
+        "signing_key": "key",
+    }
+    # Arrival order is not seq order: run "a" receives a late report (seq 1) last.
+    points = {"a": [(0, 5.0), (2, 17.5), (1, 42.25)], "b": [(0, 3.0)], "d": [(7, 61.0)], "c": []}
+    with engine.begin() as conn:
+        conn.execute(sa.insert(User.__table__), [{"id": 1, "username": "olga", "password_hash": "x"}])
+        conn.execute(
+            sa.insert(Experiment.__table__),
+            [
+                {"id": eid, "slug": f"exp-{eid}", "owner_id": 1, "invite_code": f"code-{eid}", **experiment_fields}
+                for eid in (1, 2)
+            ],
+        )
+        runs = [{"id": run, "experiment_id": 2 if run == "d" else 1, "user_id": 1, "device": "cpu"} for run in points]
+        conn.execute(sa.insert(WorkerRun.__table__), runs)
+        conn.execute(
+            sa.insert(MetricPoint.__table__),
+            [
+                {
+                    "experiment_id": 2 if run == "d" else 1,
+                    "worker_run_id": run,
+                    "seq": seq,
+                    "received_at": t0 + timedelta(seconds=seconds),
+                    "step": seq,
+                    "epoch": 0,
+                    "samples": 10 * (seq + 1),
+                    "loss": 2.0,
+                    "samples_per_second": 1.0,
+                    "peers": 2,
+                    "averaged_peers": 2,
+                }
+                for run, reports in points.items()
+                for seq, seconds in reports
+            ],
+        )
+    assert "last_stored_at" not in {c["name"] for c in sa.inspect(engine).get_columns("worker_runs")}
+
+    command.upgrade(config, "0011")
+    with engine.connect() as conn:
+        backfilled = dict(conn.execute(sa.select(WorkerRun.id, WorkerRun.last_stored_at)).tuples().all())
+    assert backfilled == {
+        "a": t0 + timedelta(seconds=42.25),
+        "b": t0 + timedelta(seconds=3.0),
+        "c": None,
+        "d": t0 + timedelta(seconds=61.0),
+    }
+
+    command.downgrade(config, "0010")
+    columns = {c["name"] for c in sa.inspect(engine).get_columns("worker_runs")}
+    assert "last_stored_at" not in columns and {"id", "last_seen_at", "last_seq"} <= columns
+    with engine.connect() as conn:
+        assert sorted(conn.scalars(sa.text("SELECT id FROM worker_runs"))) == ["a", "b", "c", "d"]
