@@ -169,3 +169,43 @@ def test_the_migration_backfills_the_same_buckets(swarm, db):
         session.execute(text(migration.backfill_sql(session.get_bind().dialect.name)))
         assert buckets(session) == kept
         assert len(kept) == 7 + 2  # 10-second buckets at 0-30, 50, 400 and 410 s; two 5-minute ones
+
+
+def test_a_run_counts_once_per_bucket_across_batches_and_a_resent_report_counts_for_nothing(swarm, db):
+    """Each step is its own transaction: whether a run already counts in a bucket comes from what earlier
+    batches stored (``WorkerRun.last_stored_at``); the last step stores two reports of one run in one batch."""
+    _, compare, (a, b, c) = swarm
+    start = T0 - timedelta(seconds=3.25)  # a 10-second bucket starts here
+
+    def at(seconds: float) -> datetime:
+        return start + timedelta(seconds=seconds)
+
+    def ingest(*items: tuple[str, int, float]) -> list[bool]:
+        def message(seq: int) -> MetricReport:
+            return MetricReport(seq=seq, step=seq, epoch=1, samples=seq, loss=2.0, samples_per_second=1.0, peers=3)
+
+        with db.begin() as session:
+            return metrics.ingest_many(session, [(run, message(seq), at(seconds)) for run, seq, seconds in items])
+
+    def state() -> tuple[list[tuple[int, int, int, int]], dict[str, datetime | None]]:
+        with db() as session:
+            buckets = session.execute(
+                select(
+                    MetricBucket.width, MetricBucket.bucket_start, MetricBucket.reports, MetricBucket.peers
+                ).order_by(MetricBucket.width, MetricBucket.bucket_start)
+            ).all()
+            stored_at = {run: session.get(WorkerRun, run).last_stored_at for run in (a, b, c)}
+        base = int(start.timestamp())
+        return [(w, s - base, r, p) for w, s, r, p in buckets], stored_at
+
+    assert ingest((a, 0, 1.0), (b, 0, 2.0)) == [True, True]
+    assert state() == ([(10, 0, 2, 2), (300, 0, 2, 2)], {a: at(1.0), b: at(2.0), c: None})
+    assert ingest((a, 1, 5.0)) == [True]  # the same bucket as its report of the previous batch: not a new peer
+    assert state() == ([(10, 0, 3, 2), (300, 0, 3, 2)], {a: at(5.0), b: at(2.0), c: None})
+    assert ingest((a, 2, 12.0)) == [True]  # its previous report was in the previous bucket: a peer here
+    assert state() == ([(10, 0, 3, 2), (10, 10, 1, 1), (300, 0, 4, 2)], {a: at(12.0), b: at(2.0), c: None})
+    assert ingest((b, 0, 15.0)) == [False]  # re-sent: no report, no peer, and b's last stored report stays
+    assert state() == ([(10, 0, 3, 2), (10, 10, 1, 1), (300, 0, 4, 2)], {a: at(12.0), b: at(2.0), c: None})
+    assert ingest((b, 1, 18.0), (b, 2, 19.0)) == [True, True]  # two in one batch: one peer
+    assert state() == ([(10, 0, 3, 2), (10, 10, 3, 2), (300, 0, 6, 2)], {a: at(12.0), b: at(19.0), c: None})
+    assert [p.peers for p in compare(20.0 - 3.25)] == [2, 2]
