@@ -11,12 +11,27 @@ if engine is None:  # plain `alembic` command line: take the URL from the ini / 
     engine = create_engine(config.get_main_option("sqlalchemy.url"))
 
 with engine.connect() as connection:
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:
+        # Batch mode changes a table by copying it, dropping the old one and renaming the copy: with foreign keys
+        # on, that drop would cascade to every row that refers to the table. SQLite's own recipe for schema
+        # changes: keys off (outside a transaction, where the pragma takes effect), then checked before commit.
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
     context.configure(
         connection=connection,
         target_metadata=Base.metadata,
-        render_as_batch=connection.dialect.name == "sqlite",
+        render_as_batch=sqlite,
         compare_type=True,
     )
-    with context.begin_transaction():
-        context.run_migrations()
-    connection.commit()
+    try:
+        with context.begin_transaction():
+            context.run_migrations()
+            if sqlite:
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise RuntimeError(f"the migration left rows whose foreign keys point nowhere: {broken[:5]}")
+        connection.commit()
+    finally:
+        if sqlite:
+            connection.rollback()
+            connection.exec_driver_sql("PRAGMA foreign_keys=ON")
