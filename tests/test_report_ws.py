@@ -15,7 +15,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from swarmhub.server import experiments
 from swarmhub.server.models import ExperimentTotal, MetricPoint, WorkerRun
-from swarmhub.server.routes.ws import MAX_IN_FLIGHT, MAX_MESSAGES_PER_SECOND
+from swarmhub.server.routes.ws import MAX_BURST, MAX_IN_FLIGHT, MAX_MESSAGES_PER_SECOND
 from swarmhub.worker.protocol import MetricReport
 
 from .conftest import api_token, make_experiment, make_user
@@ -174,8 +174,8 @@ def test_removed_volunteer_is_told_and_nothing_more_is_stored(client, db, swarm)
 
 # Pipelined reports: the worker sends without waiting for acks; the socket reads ahead while earlier reports
 # wait for their transaction, and acks are cumulative. The server closes a socket that sends more than
-# MAX_MESSAGES_PER_SECOND messages a second (counted as it reads them), so a test sends at most that many
-# between two pauses of a second.
+# MAX_MESSAGES_PER_SECOND messages a second on average (a token bucket, counted as it reads them, with room for
+# MAX_BURST at once), so a test sends at most that many between two pauses of a second.
 
 
 def send(ws, seqs):
@@ -318,3 +318,49 @@ def test_a_socket_stops_reading_at_max_in_flight_while_the_database_is_busy_and_
     assert stored_seqs(db, worker_id) == list(range(101))
     with db() as session:
         assert session.get(WorkerRun, worker_id).samples == 1010
+
+
+def drain_acks(ws, last_seq):
+    """Read until the ack of ``last_seq``; returns the messages, or raises WebSocketDisconnect."""
+    messages = []
+    while not messages or messages[-1] != {"type": "ack", "seq": last_seq}:
+        messages.append(json.loads(ws.receive_text()))
+    return messages
+
+
+def test_a_flood_is_closed_for_too_many_messages(client, db, swarm):
+    headers, worker_id = swarm["alice"]
+    flood = MAX_BURST + 2 * MAX_MESSAGES_PER_SECOND + 50
+    with client.websocket_connect(url(worker_id), headers=headers) as ws:
+        send(ws, range(flood))
+        with pytest.raises(WebSocketDisconnect) as closed:
+            drain_acks(ws, flood - 1)
+    assert (closed.value.code, closed.value.reason) == (1008, "too many messages")
+    # What was read before the close is still stored (and would be acknowledged on the worker's next
+    # connection): wait for the writer's last batch, then count.
+    stored, deadline = stored_seqs(db, worker_id), time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        stored, before = stored_seqs(db, worker_id), stored
+        if stored == before:
+            break
+    assert MAX_BURST <= len(stored) < flood and stored == list(range(len(stored)))
+
+
+def test_a_backlog_read_after_a_stalled_database_is_not_a_flood(client, db, swarm):
+    """While the database is held the socket stops reading (MAX_IN_FLIGHT); what the worker sent meanwhile at
+    its re-send pace (20 a second) is then read in one go: every report is stored and acknowledged."""
+    headers, worker_id = swarm["alice"]
+    with db() as session:
+        experiment_id = session.get(WorkerRun, worker_id).experiment_id
+    with client.websocket_connect(url(worker_id), headers=headers) as ws:
+        ws.send_text(report(0))
+        assert json.loads(ws.receive_text()) == {"type": "ack", "seq": 0}
+        with database_held(db, experiment_id):
+            for second in range(7):  # 140 reports: more than MAX_IN_FLIGHT + MAX_MESSAGES_PER_SECOND
+                send(ws, range(1 + 20 * second, 21 + 20 * second))
+                time.sleep(1.0)
+        drain_acks(ws, 140)
+        ws.send_text(report(141))
+        assert drain_acks(ws, 141)[-1] == {"type": "ack", "seq": 141}
+    assert stored_seqs(db, worker_id) == list(range(142))

@@ -31,7 +31,8 @@ from ..snapshots import dashboard_snapshot
 router = APIRouter(lifespan=ingestion.writer_lifespan)
 logger = logging.getLogger("swarmhub.ws")
 POLICY_VIOLATION = 1008
-MAX_MESSAGES_PER_SECOND = 50  # far above what a worker sends (about one message every 2 s)
+MAX_MESSAGES_PER_SECOND = 50  # on average; far above what a worker sends (about one message every 2 s)
+MAX_BURST = 250  # messages read at once: a reporter's backlog (20/s) that waited about 15 s for a stalled database
 MAX_IN_FLIGHT = 64  # reports read from one socket and not yet acknowledged
 INTERNAL_ERROR = 1011
 
@@ -110,19 +111,23 @@ async def _read_reports(websocket: WebSocket, app: Any, worker_id: str, in_fligh
     """Read, bound and validate reports and queue each for storing, until the worker hangs up or breaks a
     rule (then the socket is closed with the reason)."""
     loop = asyncio.get_running_loop()
-    window_start, count = loop.time(), 0
+    # A token bucket: MAX_MESSAGES_PER_SECOND on average, with room for MAX_BURST at once, so that what a worker
+    # sent at a fair pace while this socket was not reading (its reports waiting for a slow database) does not
+    # count as a flood when it is read in one go.
+    tokens, filled_at = float(MAX_BURST), loop.time()
     while True:
+        await in_flight.reserve()  # at most MAX_IN_FLIGHT read and not yet acknowledged: then stop reading
         try:
             text = await websocket.receive_text()
         except WebSocketDisconnect:
             return
         now = loop.time()
-        if now - window_start >= 1:
-            window_start, count = now, 0
-        count += 1
-        if count > MAX_MESSAGES_PER_SECOND:
+        tokens = min(float(MAX_BURST), tokens + (now - filled_at) * MAX_MESSAGES_PER_SECOND)
+        filled_at = now
+        if tokens < 1:
             await websocket.close(POLICY_VIOLATION, "too many messages")
             return
+        tokens -= 1
         if len(text) > MAX_REPORT_BYTES or len(text.encode()) > MAX_REPORT_BYTES:
             await websocket.close(POLICY_VIOLATION, f"message larger than {MAX_REPORT_BYTES} bytes")
             return
@@ -133,8 +138,7 @@ async def _read_reports(websocket: WebSocket, app: Any, worker_id: str, in_fligh
             field = ".".join(str(p) for p in first["loc"]) or "message"
             await websocket.close(POLICY_VIOLATION, f"invalid report: {field}: {first['msg']}"[:120])
             return
-        future = await _enqueue(app, worker_id, message)
-        await in_flight.put(message.seq, future)  # waits while MAX_IN_FLIGHT are unacknowledged
+        in_flight.put(message.seq, await _enqueue(app, worker_id, message))
 
 
 async def _acknowledge(websocket: WebSocket, app: Any, slug: str, in_flight: _InFlight) -> None:
@@ -166,16 +170,19 @@ async def _acknowledge(websocket: WebSocket, app: Any, slug: str, in_flight: _In
 
 
 class _InFlight:
-    """One socket's reports between reading and acknowledging, in order: at most ``limit`` (then ``put``
-    waits, and the socket stops reading)."""
+    """One socket's reports between reading and acknowledging, in order: at most ``limit`` (``reserve`` waits
+    for room before the socket reads the next one)."""
 
     def __init__(self, limit: int):
         self.items: deque[tuple[int, asyncio.Future[ingestion.Outcome]]] = deque()
         self._room = asyncio.Semaphore(limit)
         self._ready = asyncio.Event()
 
-    async def put(self, seq: int, future: asyncio.Future[ingestion.Outcome]) -> None:
+    async def reserve(self) -> None:
+        """Wait for room for one more report (taken by the next ``put``)."""
         await self._room.acquire()
+
+    def put(self, seq: int, future: asyncio.Future[ingestion.Outcome]) -> None:
         self.items.append((seq, future))
         self._ready.set()
 
