@@ -42,6 +42,11 @@ MAX_OWNERS = 100_000  # worker runs whose experiment and volunteer the writer re
 Outcome = tuple[Control | None, bool]  # what stops the worker, if anything; whether the report was new
 
 
+class NotStored(RuntimeError):
+    """A report was not stored (its transaction failed, or the server is shutting down): not acknowledged, so
+    the worker re-sends it."""
+
+
 @dataclass
 class _Pending:
     worker_id: str
@@ -127,7 +132,7 @@ class ReportWriter:
         """Queue one report; returns a future that is set once its transaction has committed (or with what
         storing it raised). Reports queued one after another are stored in that order."""
         if self._closed:
-            raise RuntimeError("the server is shutting down")
+            raise NotStored("the server is shutting down")
         pending = _Pending(worker_id, report)
         # A socket that went away before its report was stored never looks: retrieved here, not logged by asyncio
         pending.done.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -188,7 +193,7 @@ def _settle(pending: _Pending, outcome: Outcome | None = None, *, error: bool = 
     if pending.done.done():  # the socket went away meanwhile
         return
     if error:
-        pending.done.set_exception(RuntimeError("the report could not be stored"))
+        pending.done.set_exception(NotStored("the report could not be stored"))
     else:
         assert outcome is not None
         pending.done.set_result(outcome)

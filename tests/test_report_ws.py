@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from starlette.testclient import WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
@@ -364,3 +364,23 @@ def test_a_backlog_read_after_a_stalled_database_is_not_a_flood(client, db, swar
         ws.send_text(report(141))
         assert drain_acks(ws, 141)[-1] == {"type": "ack", "seq": 141}
     assert stored_seqs(db, worker_id) == list(range(142))
+
+
+def test_a_report_that_cannot_be_stored_closes_the_socket_with_1011_and_is_not_acked(client, db, swarm):
+    """The worker run disappears between the handshake and a report (its experiment was deleted): the report
+    fails alone, is not acknowledged, and the socket closes with 1011 so the worker re-sends it elsewhere."""
+    headers, worker_id = swarm["alice"]
+    other_headers, other_worker = swarm["bob"]
+    with client.websocket_connect(url(worker_id), headers=headers) as ws:
+        ws.send_text(report(0))
+        assert json.loads(ws.receive_text()) == {"type": "ack", "seq": 0}
+        with db.begin() as session:
+            session.execute(delete(MetricPoint).where(MetricPoint.worker_run_id == worker_id))
+            session.execute(delete(WorkerRun).where(WorkerRun.id == worker_id))
+        ws.send_text(report(1))
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()
+    assert closed.value.code == 1011 and "re-send it" in closed.value.reason
+    with client.websocket_connect(url(other_worker), headers=other_headers) as ws:  # the others go on
+        ws.send_text(report(0))
+        assert json.loads(ws.receive_text()) == {"type": "ack", "seq": 0}

@@ -97,8 +97,15 @@ async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
             if not task.done():
                 task.cancel()
         for task in (reader, acker):
-            with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
+            try:
                 await task
+            except ingestion.NotStored:
+                raise
+            except (asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
+                pass  # cancelled above, or the worker went away while this side was sending
+    except ingestion.NotStored as exc:  # the writer logged why
+        with contextlib.suppress(Exception):
+            await websocket.close(INTERNAL_ERROR, f"{exc}: re-send it")
     except Exception:
         logger.exception("a report socket of worker run %s failed", worker_id)
         with contextlib.suppress(Exception):
