@@ -100,7 +100,7 @@ def running_server(tmp_path: Path, **settings: str) -> Iterator[tuple[str, subpr
         log.close()
 
 
-def start_experiment(url: str, **settings: Any) -> None:
+def start_experiment(url: str) -> None:
     organizer = signup(url, "organizer")
     headers = {"Authorization": f"Bearer {organizer}"}
     created = httpx.post(
@@ -115,7 +115,6 @@ def start_experiment(url: str, **settings: Any) -> None:
             "matchmaking_time": 2.0,
             "averaging_timeout": 20.0,
             "learning_rate": 0.003,
-            **settings,
         },
     )
     assert created.status_code == 201, created.text
@@ -169,18 +168,17 @@ def run_volunteers(url: str, tmp: Path, limit: list[str]) -> set[int]:
     return seen_children
 
 
-def averaged_epochs(tmp: Path, since: float = 0.0, peers: int = 2) -> list[tuple[str, int]]:
-    """Per volunteer: how many distinct swarm epochs it reported as averaged in a group of ``peers`` or more
-    (both volunteers, without the server's auxiliary peer)."""
+def averaged_epochs(tmp: Path, since: float = 0.0) -> list[tuple[str, int]]:
+    """Per volunteer: how many distinct swarm epochs it reported as averaged with both peers."""
     engine = sa.create_engine(f"sqlite:///{tmp / 'e2e.db'}")
     with engine.connect() as conn:
         rows = conn.execute(
             sa.text(
                 "SELECT u.username, COUNT(DISTINCT p.epoch) FROM metric_points p "
                 "JOIN worker_runs w ON w.id = p.worker_run_id JOIN users u ON u.id = w.user_id "
-                "WHERE p.averaged_peers >= :peers AND p.received_at >= :since GROUP BY u.username ORDER BY u.username"
+                "WHERE p.averaged_peers = 2 AND p.received_at >= :since GROUP BY u.username ORDER BY u.username"
             ),
-            {"since": datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f"), "peers": peers},
+            {"since": datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")},
         ).all()
     engine.dispose()
     return [(name, count) for name, count in rows]
@@ -239,36 +237,23 @@ def test_swarm_tokens_are_renewed_over_several_lifetimes(tmp_path):
     assert all(epochs >= 2 for _, epochs in late), late
 
 
-def new_rounds(log: Path, offset: int, peers: int) -> int:
-    """Averaging rounds of ``peers`` peers in a volunteer's hivemind log after byte ``offset`` (hivemind's
-    status line, the one the worker counts rounds from)."""
-    return log.read_bytes()[offset:].decode(errors="replace").count(f"Averaged gradients with {peers} peers")
-
-
 def test_removed_volunteer_leaves_and_the_others_go_on(tmp_path):
     with running_server(tmp_path) as (url, _):
-        start_experiment(url, aux_peer=True)  # the server's auxiliary peer: someone to average with after the ban
+        start_experiment(url)
         workers = launch_volunteers(url, tmp_path, ["--max-minutes", "4"])  # a bound, not the plan
         processes = {name: process for name, _, process in workers}
         organizer = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
         headers = {"Authorization": f"Bearer {organizer.json()['access_token']}"}
         deadline = time.monotonic() + 150
-        while time.monotonic() < deadline and len(averaged_epochs(tmp_path, peers=3)) < 2:
-            time.sleep(1)  # until both have averaged together, with the auxiliary peer
-        assert len(averaged_epochs(tmp_path, peers=3)) == 2, "the two volunteers never averaged together"
+        while time.monotonic() < deadline and len(averaged_epochs(tmp_path)) < 2:
+            time.sleep(1)  # until both have averaged together
+        assert len(averaged_epochs(tmp_path)) == 2, "the two volunteers never averaged together"
         banned = httpx.post(f"{url}/api/experiments/{SLUG}/bans", json={"username": "grace"}, headers=headers)
         assert banned.status_code == 204
         removed_at = time.monotonic()
         processes["grace"].wait(90)
         took = time.monotonic() - removed_at
-        # ada goes on averaging with the rest of the swarm (the auxiliary peer): rounds of two after grace left.
-        # Two, so that a round already under way when she left (ada and grace alone) cannot pass for one.
-        log = tmp_path / "ada" / "logs" / f"{SLUG}.log"
-        offset = log.stat().st_size
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and new_rounds(log, offset, 2) < 2 and processes["ada"].poll() is None:
-            time.sleep(1)
-        rounds_after_ban = new_rounds(log, offset, 2)
+        time.sleep(5)
         ada_still_training = processes["ada"].poll() is None
         processes["ada"].send_signal(signal.SIGTERM)  # the organizer's run goes on; this test ends it here
         seen_children, outputs = wait_volunteers(workers, tmp_path)
@@ -276,6 +261,5 @@ def test_removed_volunteer_leaves_and_the_others_go_on(tmp_path):
     assert "You were removed from 'e2e-digits' by its organizer" in outputs["grace"]
     assert took < 20.0 + 10, took  # the README's bound: averaging_timeout + about 10 s
     assert ada_still_training, outputs["ada"][-2000:]
-    assert rounds_after_ban >= 2, log.read_text(errors="replace")[-3000:]
     assert processes["ada"].returncode == 143, outputs["ada"][-2000:]
     assert outlived(seen_children) == set()
