@@ -5,6 +5,7 @@ The worker's CLI imports this module lazily, so a volunteer's base install never
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import secrets
@@ -167,7 +168,14 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 6
     raise click.ClickException(f"the server did not answer on {url} within {timeout:.0f} s")
 
 
-def _stop(processes: list[subprocess.Popen[bytes]], timeout: float = 30) -> None:
+WORKER_LEAVE_SECONDS = 75  # a clean leave may wait out an averaging round (the demo's averaging_timeout: 30 s)
+SERVER_STOP_SECONDS = 30
+
+
+def _stop(processes: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """One SIGTERM each, up to ``timeout`` seconds to finish, then SIGKILL for what is left of each one's
+    process group: each child runs in a session of its own, and the processes it forked (hivemind's DHT and
+    averagers, their p2pd daemons) are in that group, so none outlives a child that had to be killed."""
     for process in processes:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -176,8 +184,10 @@ def _stop(processes: list[subprocess.Popen[bytes]], timeout: float = 30) -> None
         try:
             process.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            click.echo(f"  process {process.pid} did not stop within {timeout:.0f} s: killing it")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)  # the child's group: the child itself and what it forked
+        process.wait()
 
 
 def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2, experiment: str = DEMO_SLUG) -> None:
@@ -237,6 +247,6 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2, experi
     finally:
         for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # another Ctrl-C must not cut this short
             signal.signal(stop_signal, signal.SIG_IGN)
-        _stop(processes[1:])
-        _stop(processes[:1])
+        _stop(processes[1:], WORKER_LEAVE_SECONDS)
+        _stop(processes[:1], SERVER_STOP_SECONDS)
     click.echo("Stopped. Nothing is left running.")
