@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 
+import pytest
 from sqlalchemy import func, select
 
 from swarmhub.server import accounts, experiments
@@ -78,6 +79,7 @@ class CuttableProxy:
         self.cut()
 
 
+@pytest.mark.timeout(600)  # three restarts and a cut: the reporters' jittered backoff grows to 30 s under load
 def test_reports_survive_restarts_and_cut_connections_exactly_once(db, settings):
     organizer = make_user(db, "olga")
     make_experiment(db, organizer, slug="steady", status="running")
