@@ -1,11 +1,12 @@
 """Batched storage of the workers' metric reports: one writer per server process.
 
 Every report socket (``routes/ws.py``) validates and rate-limits its messages, then hands each report to the
-process's :class:`ReportWriter` and waits. The writer stores whatever has queued from all sockets in one
-transaction (``metrics.ingest_many``: Core statements only, a multi-row insert, one bucket upsert, one
-executemany update each of the touched worker runs and totals) and only after the commit answers each waiting
-socket, which then acknowledges the report. So an ack still means "stored": a report queued or in a batch that
-fails is never acknowledged, and the worker re-sends it.
+process's :class:`ReportWriter` (``enqueue``: a future per report) and reads on, up to its in-flight limit. The
+writer stores whatever has queued from all sockets in one transaction (``metrics.ingest_many``: Core
+statements only, one insert of the metric points, one bucket upsert, one executemany update each of the
+touched worker runs and totals) and only after the commit settles each report's future, which the socket then
+acknowledges. So an ack still means "stored": a report queued or in a batch that fails is never acknowledged,
+and the worker re-sends it.
 
 Commits are at least ``interval`` apart, on the leading edge: a report after a quiet spell is stored at once,
 and the reports that arrive during a commit or its interval ride on the next one. The queue is bounded: when

@@ -2,8 +2,9 @@
 
 The report socket authenticates *before* accepting (bearer token + the worker run that the join
 created for this user and experiment), bounds and validates every message, hands it to the process's
-report writer (``ingestion.py``: batched transactions) and acknowledges each report by its ``seq`` once
-it is committed, so the worker can re-send what was lost.
+report writer (``ingestion.py``: batched transactions) while it reads on (at most MAX_IN_FLIGHT), and
+acknowledges the reports in order, cumulatively, by ``seq`` once they are committed, so the worker can re-send
+what was lost.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ async def _enqueue(app: Any, worker_id: str, report: MetricReport) -> asyncio.Fu
     try:
         outcomes = await run_in_threadpool(ingestion.store, app.state.sessionmaker, [(worker_id, report, utcnow())])
         future.set_result(outcomes[0])
-    except Exception as exc:  # noqa: BLE001 - the acknowledging side raises it
+    except Exception as exc:  # the acknowledging side raises it
         future.set_exception(exc)
     return future
 
