@@ -7,8 +7,10 @@ What it measures:
   and once on PostgreSQL (a throw-away database on 127.0.0.1:5432). 200 simulated workers, each with its own
   worker run and its volunteer's API token, each on its own authenticated websocket to
   ``/ws/experiments/{slug}/report?worker_id=...``, send valid ``MetricReport`` messages with increasing ``seq``
-  and wait for each ``Ack`` before the next (one report in flight per worker, as the real reporter has at its
-  pace); an ack means the report is committed to the database (counted again in the database at the end);
+  and by default wait for each ``Ack`` before the next (one report in flight per worker, as the real reporter
+  has at its pace); with ``--in-flight N`` each keeps up to N unacknowledged, as the reporter does with a
+  backlog (acks are cumulative); an ack means the report is committed to the database (counted again in the
+  database at the end);
 - bare: the same clients against a Starlette endpoint that does ``json.loads`` and answers
   ``{"type":"ack","seq":N}`` (the same bytes as swarmhub's ack), under ``uvicorn.run`` with the same options
   (uvloop, httptools, websockets, ``ws_max_size``).
@@ -24,7 +26,7 @@ The load comes from two client processes (100 workers each, asyncio + ``websocke
 CPU: on this 2-core machine they share the cores with the server, which caps the bare endpoint's figure (and so
 flatters the ratio; see docs/server-benchmarks.md). Rounds alternate the variants (order rotated each round).
 
-Command: ``.venv/bin/python bench/ingestion.py [--quick] [--no-postgres]`` (full: 3 rounds, about 4 minutes;
+Command: ``.venv/bin/python bench/ingestion.py [--quick] [--no-postgres] [--in-flight N]`` (full: 3 rounds, about 4 minutes;
 --quick: 1 short round, about a minute). Exits 0 whether the target is met or not; nonzero only when the
 benchmark itself fails. Leaves no process (and no database) behind.
 """
