@@ -2,16 +2,16 @@
 
 Every report socket (``routes/ws.py``) validates and rate-limits its messages, then hands each report to the
 process's :class:`ReportWriter` (``enqueue``: a future per report) and reads on, up to its in-flight limit. The
-writer stores whatever has queued from all sockets in one transaction (``metrics.ingest_many``: Core
-statements only, one insert of the metric points, one bucket upsert, one executemany update each of the
-touched worker runs and totals) and only after the commit settles each report's future, which the socket then
-acknowledges. So an ack still means "stored": a report queued or in a batch that fails is never acknowledged,
-and the worker re-sends it.
+writer stores whatever has queued from all sockets in one transaction (``metrics.ingest_many``: Core statements
+only: one insert of the metric points, a COPY on PostgreSQL; one bucket upsert; one update each of the touched
+worker runs, volunteers and totals) and only after the commit settles each report's future, which the socket then
+acknowledges. So an ack still means "stored": a report queued or in a batch that fails is never acknowledged, and
+the worker re-sends it.
 
-Commits are at least ``interval`` apart, on the leading edge: a report after a quiet spell is stored at once,
-and the reports that arrive during a commit or its interval ride on the next one. The queue is bounded: when
-it is full a socket waits to enqueue, stops reading, and its worker's sends back up (the reporter spools them).
-A batch that fails is retried one report at a time, so that one report the database refuses fails alone.
+Commits are at least ``interval`` apart, on the leading edge: a report after a quiet spell is stored at once, and
+the reports that arrive during a commit or its interval ride on the next one. The queue is bounded: when it is full
+a socket waits to enqueue, stops reading, and its worker's sends back up (the reporter spools them). A batch that
+fails is retried one report at a time, so that one report the database refuses fails alone.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -48,12 +47,16 @@ class NotStored(RuntimeError):
     the worker re-sends it."""
 
 
-@dataclass
 class _Pending:
-    worker_id: str
-    report: MetricReport
-    received_at: datetime = field(default_factory=utcnow)
-    done: asyncio.Future[Outcome] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    """A report between its socket and its transaction."""
+
+    __slots__ = ("worker_id", "report", "received_at", "done")
+
+    def __init__(self, worker_id: str, report: MetricReport, done: asyncio.Future[Outcome]):
+        self.worker_id = worker_id
+        self.report = report
+        self.received_at: datetime = utcnow()
+        self.done = done
 
 
 def store(
@@ -66,11 +69,14 @@ def store(
     worker run's (experiment, volunteer) as far as already known (they never change), filled in here."""
     owners = {} if owners is None else owners
     with db.begin() as session:
+        dialect = session.get_bind().dialect.name
         # Who and where: a run's experiment and volunteer never change (its numbers are read under lock later).
         unknown = {worker_id for worker_id, *_ in items if worker_id not in owners}
         if unknown:
             found = session.execute(
-                select(WorkerRun.id, WorkerRun.experiment_id, WorkerRun.user_id).where(WorkerRun.id.in_(unknown))
+                select(WorkerRun.id, WorkerRun.experiment_id, WorkerRun.user_id).where(
+                    metrics.among(WorkerRun.id, unknown, dialect)
+                )
             )
             if len(owners) + len(unknown) > MAX_OWNERS:
                 owners.clear()
@@ -84,7 +90,7 @@ def store(
         statuses = {experiment_id: status for experiment_id, status in status_rows}
         bans = select(ExperimentBan.experiment_id, ExperimentBan.user_id).where(
             ExperimentBan.experiment_id.in_(experiment_ids),
-            ExperimentBan.user_id.in_({user_id for _, user_id in runs.values()}),
+            metrics.among(ExperimentBan.user_id, {user_id for _, user_id in runs.values()}, dialect),
         )
         banned = {(experiment_id, user_id) for experiment_id, user_id in session.execute(bans)}
 
@@ -134,10 +140,13 @@ class ReportWriter:
         storing it raised). Reports queued one after another are stored in that order."""
         if self._closed:
             raise NotStored("the server is shutting down")
-        pending = _Pending(worker_id, report)
+        pending = _Pending(worker_id, report, asyncio.get_running_loop().create_future())
         # A socket that went away before its report was stored never looks: retrieved here, not logged by asyncio
-        pending.done.add_done_callback(lambda done: done.cancelled() or done.exception())
-        await self._queue.put(pending)  # waits while the queue is full: backpressure on this socket
+        pending.done.add_done_callback(_retrieve)
+        if self._queue.full():
+            await self._queue.put(pending)  # waits for room: backpressure on this socket
+        else:
+            self._queue.put_nowait(pending)
         return pending.done
 
     async def submit(self, worker_id: str, report: MetricReport) -> Outcome:
@@ -188,6 +197,11 @@ class ReportWriter:
         """Refuse new reports, store the queued ones (their sockets get their acks), then stop."""
         self._closed = True
         await self._queue.put(None)
+
+
+def _retrieve(done: asyncio.Future[Outcome]) -> None:
+    if not done.cancelled():
+        done.exception()
 
 
 def _settle(pending: _Pending, outcome: Outcome | None = None, *, error: bool = False) -> None:

@@ -9,7 +9,25 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any, NamedTuple, cast
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
-from sqlalchemy import Select, Table, bindparam, func, select, tuple_, update
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Float,
+    Integer,
+    Select,
+    String,
+    Table,
+    TypeDecorator,
+    any_,
+    bindparam,
+    func,
+    select,
+    text,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -150,9 +168,84 @@ def _params(row: Any, keys: tuple[str, ...], columns: tuple[str, ...]) -> dict[s
     return {**{f"k_{key}": getattr(row, key) for key in keys}, **{f"v_{c}": getattr(row, c) for c in columns}}
 
 
+def among(column: Any, values: Any, dialect: str) -> Any:
+    """``column IN values``; on PostgreSQL as ``column = ANY(array)``: one parameter instead of one per value,
+    so the statement's text (and its parse in the driver and the database) is the same for any number."""
+    if dialect == "postgresql":
+        return column == any_(bindparam(None, list(values), type_=ARRAY(column.type)))
+    return column.in_(values)
+
+
+def _update_runs(session: Session, runs: Sequence[_Run], dialect: str) -> None:
+    """Write the runs' moving columns: on PostgreSQL one UPDATE joined to arrays of the new values (one
+    statement, not one per run); elsewhere an executemany."""
+    if dialect == "postgresql":
+        session.execute(_UPDATE_RUNS_FROM_ARRAYS, {c: [getattr(run, c) for run in runs] for c in ("id", *_RUN_COLUMNS)})
+    else:
+        session.execute(_UPDATE_RUNS, [_params(run, ("id",), _RUN_COLUMNS) for run in runs])
+
+
+def _update_from_arrays(table: Table, key: str, columns: tuple[str, ...]) -> Any:
+    """PostgreSQL: an UPDATE of ``columns`` from parameters that are arrays (``key`` and each column, by name),
+    one element per row."""
+    names = (key, *columns)
+    arrays = ", ".join(f"CAST(:{c} AS {table.c[c].type.compile(dialect=postgresql.dialect())}[])" for c in names)
+    assignments = ", ".join(f"{c} = v.{c}" for c in columns)
+    # Only the table's own names go into the text; the values are parameters.
+    rows = f"unnest({arrays}) AS v({', '.join(names)})"
+    return text(f"UPDATE {table.name} SET {assignments} FROM {rows} WHERE {table.name}.{key} = v.{key}")  # noqa: S608
+
+
+_UPDATE_RUNS_FROM_ARRAYS = _update_from_arrays(_RUNS, "id", _RUN_COLUMNS)
+
+
 def _insert_points(insert: Any, returning: bool) -> Any:
     stmt = insert(_POINTS).on_conflict_do_nothing(index_elements=["worker_run_id", "seq"])
     return stmt.returning(_POINTS.c.worker_run_id, _POINTS.c.seq) if returning else stmt
+
+
+_POINT_COLUMNS = (
+    "experiment_id",
+    "worker_run_id",
+    "received_at",
+    "seq",
+    "step",
+    "epoch",
+    "samples",
+    "loss",
+    "samples_per_second",
+    "peers",
+    "averaged_peers",
+)
+_COPY_POINTS = f"COPY {_POINTS.name} ({', '.join(_POINT_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+
+
+def _binary_copy_type(column: Any) -> str:
+    """The PostgreSQL type a binary COPY sends for a column (it must be the column's own)."""
+    kind = column.type.impl if isinstance(column.type, TypeDecorator) else column.type
+    for sql_type, name in ((BigInteger, "int8"), (Integer, "int4"), (String, "varchar"), (Float, "float8")):
+        if isinstance(kind, sql_type):
+            return name
+    if isinstance(kind, DateTime) and kind.timezone:
+        return "timestamptz"
+    raise TypeError(f"no binary COPY type for {column}")
+
+
+_COPY_TYPES = [_binary_copy_type(_POINTS.c[column]) for column in _POINT_COLUMNS]
+
+
+def _copy_points(session: Session, points: list[dict[str, Any]]) -> None:
+    """PostgreSQL: new metric points with one binary COPY, in the session's transaction: it costs the database
+    and the server about half of an executemany INSERT (docs/server-benchmarks.md). Like that INSERT, it fails
+    on a point that is stored already, so it is only given points above their run's last seq."""
+    cursor = session.connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        with cursor.copy(_COPY_POINTS) as copy:
+            copy.set_types(_COPY_TYPES)
+            for point in points:
+                copy.write_row([point[column] for column in _POINT_COLUMNS])
+    finally:
+        cursor.close()
 
 
 def _lock_totals(session: Session, experiment_id: int, insert: Any) -> _Totals:
@@ -180,12 +273,12 @@ def ingest_many(
     session: Session, reports: Sequence[tuple[str, MetricReport, datetime]], experiment_ids: set[int] | None = None
 ) -> list[bool]:
     """Store reports (each with its worker run's id and the time it was received) as :func:`ingest` would one
-    after another, in the order given, with a few Core statements for the whole batch: one multi-row insert of
-    the metric points, one upsert of the buckets they fall in, and one executemany UPDATE each for the touched
-    worker runs, volunteer totals and experiment totals. Returns, for each report, whether it was new (False:
-    already stored, or given twice here). Worker runs and totals the session already holds as ORM objects are
-    expired, so that they read the new numbers on next access. ``experiment_ids``: the reports' experiments, when
-    the caller knows them already."""
+    after another, in the order given, with a few Core statements for the whole batch: one insert of the metric
+    points (a binary COPY on PostgreSQL), one upsert of the buckets they fall in, and one UPDATE each for the
+    touched worker runs (on PostgreSQL from arrays), volunteer totals and experiment totals (executemany).
+    Returns, for each report, whether it was new (False: already stored, or given twice here). Worker runs and
+    totals the session already holds as ORM objects are expired, so that they read the new numbers on next
+    access. ``experiment_ids``: the reports' experiments, when the caller knows them already."""
     if not reports:
         return []
     session.flush()  # what the session holds goes first: the statements below bypass its unit of work
@@ -195,12 +288,14 @@ def ingest_many(
     # Locked until commit, in one order, so that batches and ledger reads of an experiment take turns and never
     # wait on each other crosswise; the runs are read under those locks.
     if experiment_ids is None:
-        experiment_ids = set(session.scalars(select(_RUNS.c.experiment_id).where(_RUNS.c.id.in_(run_ids)).distinct()))
+        experiment_ids = set(
+            session.scalars(select(_RUNS.c.experiment_id).where(among(_RUNS.c.id, run_ids, dialect)).distinct())
+        )
     totals = {eid: _lock_totals(session, eid, insert) for eid in sorted(experiment_ids)}
     run_rows = session.execute(
         select(
             _RUNS.c.id, _RUNS.c.experiment_id, _RUNS.c.user_id, _RUNS.c.device, *(_RUNS.c[c] for c in _RUN_COLUMNS)
-        ).where(_RUNS.c.id.in_(run_ids))
+        ).where(among(_RUNS.c.id, run_ids, dialect))
     )
     runs = {row.id: _Run(row) for row in run_rows}
     if len(runs) < len(run_ids):  # removed meanwhile (its experiment was deleted)
@@ -213,7 +308,7 @@ def ingest_many(
                 _VOLUNTEERS.c.user_id,
                 _VOLUNTEERS.c.peak_signed_samples_per_second,
                 *(_VOLUNTEERS.c[c] for c in _VOLUNTEER_COLUMNS),
-            ).where(_VOLUNTEERS.c.experiment_id == eid, _VOLUNTEERS.c.user_id.in_(users))
+            ).where(_VOLUNTEERS.c.experiment_id == eid, among(_VOLUNTEERS.c.user_id, users, dialect))
         )
         for row in found:
             volunteers[eid, row.user_id] = _Volunteer(row.user_id, row)
@@ -250,7 +345,9 @@ def ingest_many(
     # One executemany for the new rows (compiled once); the re-sent ones with RETURNING, which names those
     # that were not stored yet.
     inserted = {(point["worker_run_id"], point["seq"]) for point in fresh}
-    if fresh:
+    if fresh and dialect == "postgresql":
+        _copy_points(session, fresh)
+    elif fresh:
         session.execute(_insert_points(insert, returning=False), fresh)
     if resent:
         inserted |= {(run_id, seq) for run_id, seq in session.execute(_insert_points(insert, returning=True), resent)}
@@ -294,7 +391,7 @@ def ingest_many(
             volunteer.last_report_at = at
         stored.append(new)
     buckets.write(session, insert)
-    session.execute(_UPDATE_RUNS, [_params(run, ("id",), _RUN_COLUMNS) for run in runs.values()])
+    _update_runs(session, list(runs.values()), dialect)
     added = [
         {"experiment_id": eid, "user_id": v.user_id, **{c: getattr(v, c) for c in _VOLUNTEER_COLUMNS}}
         for (eid, _), v in volunteers.items()

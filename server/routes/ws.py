@@ -183,12 +183,15 @@ class _InFlight:
 
     def __init__(self, limit: int):
         self.items: deque[tuple[int, asyncio.Future[ingestion.Outcome]]] = deque()
-        self._room = asyncio.Semaphore(limit)
+        self._limit = limit
+        self._room = asyncio.Event()  # set on every pop: reserve waits on it while the socket is full
         self._ready = asyncio.Event()
 
     async def reserve(self) -> None:
         """Wait for room for one more report (taken by the next ``put``)."""
-        await self._room.acquire()
+        while len(self.items) >= self._limit:
+            self._room.clear()
+            await self._room.wait()
 
     def put(self, seq: int, future: asyncio.Future[ingestion.Outcome]) -> None:
         self.items.append((seq, future))
@@ -202,7 +205,7 @@ class _InFlight:
 
     def pop(self) -> None:
         self.items.popleft()
-        self._room.release()
+        self._room.set()
 
 
 def _snapshot(app: Any, slug: str) -> str | None:
