@@ -210,6 +210,10 @@ class SwarmAuthorizer(TokenAuthorizerBase):
 # the key that signed it is the key its token binds.
 
 ROSTER_REFRESH_SECONDS = 10.0
+# The longest an averaging request waits for a roster read. The averager answers a join request only after the
+# check, and the caller gives up after hivemind's request timeout (3 s): a read that hangs must not hold the
+# check's lock past it, or every later request to this peer waits behind it and no group forms again.
+ROSTER_READ_TIMEOUT = 2.0
 
 
 def roster_key(run_id: str) -> str:
@@ -331,8 +335,13 @@ class RosterGuard:
         async with self._lock:  # one roster read at a time; unknown callers cannot force more than one per period
             if now - self._fetched_at >= ROSTER_REFRESH_SECONDS or caller not in self._allowed:
                 if now - self._fetched_at >= 1.0:
-                    record = await dht.get(roster_key(self.run_id), latest=True, return_future=True)
-                    self._allowed = self.admit(record)
+                    read = dht.get(roster_key(self.run_id), latest=True, return_future=True)
+                    try:
+                        record = await asyncio.wait_for(read, ROSTER_READ_TIMEOUT)
+                    except asyncio.TimeoutError:  # decide from the last read; the next request reads again
+                        logger.warning("the swarm's roster could not be read within %.0f s", ROSTER_READ_TIMEOUT)
+                    else:
+                        self._allowed = self.admit(record)
                     self._fetched_at = time.time()
         return self._allowed.get(caller, 0.0) > time.time() and self._usernames.get(caller) not in self.denied
 
