@@ -327,21 +327,10 @@ def ingest_many(
         first.append(key not in seen)
         if first[-1]:
             seen.add(key)
-            (fresh if report.seq > runs[run_id].last_seq else resent).append(
-                {
-                    "experiment_id": runs[run_id].experiment_id,
-                    "worker_run_id": run_id,
-                    "received_at": at,
-                    "seq": report.seq,
-                    "step": report.step,
-                    "epoch": report.epoch,
-                    "samples": report.samples,
-                    "loss": report.loss,
-                    "samples_per_second": report.samples_per_second,
-                    "peers": report.peers,
-                    "averaged_peers": report.averaged_peers,
-                }
-            )
+            values = (runs[run_id].experiment_id, run_id, at, report.seq, report.step, report.epoch)
+            numbers = (report.samples, report.loss, report.samples_per_second, report.peers, report.averaged_peers)
+            point = dict(zip(_POINT_COLUMNS, (*values, *numbers), strict=True))  # the COPY's column order too
+            (fresh if report.seq > runs[run_id].last_seq else resent).append(point)
     # One executemany for the new rows (compiled once); the re-sent ones with RETURNING, which names those
     # that were not stored yet.
     inserted = {(point["worker_run_id"], point["seq"]) for point in fresh}
