@@ -412,12 +412,18 @@ def is_member(session: Session, experiment: Experiment, user: User) -> bool:
     return session.scalar(stmt) is not None
 
 
-def accept_invite(session: Session, slug: str, code: str, user: User) -> Experiment:
-    """Whoever opens the invite link while signed in becomes a volunteer of the experiment."""
+def invited(session: Session, slug: str, code: str) -> Experiment:
+    """The experiment the invite link is for, or 404 when the link is not (or no longer) its own."""
     experiment = _by_slug(session, slug)
     # Compared as bytes: compare_digest raises TypeError on str with non-ASCII characters.
     if experiment is None or not secrets.compare_digest(experiment.invite_code.encode(), code.encode()):
         raise NotFound("this invite link is not valid: ask the organizer for a new one")
+    return experiment
+
+
+def accept_invite(session: Session, slug: str, code: str, user: User) -> Experiment:
+    """The signed-in volunteer who confirms the invite link becomes a volunteer of the experiment."""
+    experiment = invited(session, slug, code)
     if not is_member(session, experiment, user):
         session.add(ExperimentMember(experiment_id=experiment.id, user_id=user.id))
         session.flush()

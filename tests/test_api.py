@@ -9,7 +9,7 @@ from swarmhub.server import experiments
 from swarmhub.server.models import Experiment
 from swarmhub.worker import swarm_access
 
-from .conftest import api_token, login, make_experiment, make_user
+from .conftest import api_token, csrf_from, login, make_experiment, make_user
 
 PEER_KEY = swarm_access.public_key_text(RSAPrivateKey())
 NEW = {"slug": "mnist-ish", "title": "Digits", "task": "digits", "task_params": {"hidden_size": 32}}
@@ -272,8 +272,14 @@ def test_join_policies(client, db):
         code = session.scalar(select(Experiment.invite_code))
     login(client, "carol")
     assert client.get(f"/experiments/{NEW['slug']}/invite/wrong-code").status_code == 404
-    accepted = client.get(f"/experiments/{NEW['slug']}/invite/{code}", follow_redirects=False)
+    invite = f"/experiments/{NEW['slug']}/invite/{code}"
+    # Opening the link only asks: a link followed from another site makes no one a volunteer.
+    asked = client.get(invite)
+    assert asked.status_code == 200 and 'method="post"' in asked.text
+    assert client.post(url, json=body, headers=carol).status_code == 403
+    accepted = client.post(invite, data={"csrf_token": csrf_from(asked.text)}, follow_redirects=False)
     assert accepted.status_code == 303
+    assert client.get(invite, follow_redirects=False).headers["location"] == f"/experiments/{NEW['slug']}"
     assert client.post(url, json=body, headers=carol).status_code == 200
     assert client.post(url, json=body, headers=bob).status_code == 403  # the allow-list no longer applies
 

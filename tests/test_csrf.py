@@ -11,7 +11,7 @@ from fastapi.routing import APIRoute
 from sqlalchemy import select
 from starlette.testclient import TestClient
 
-from swarmhub.server.models import ApiToken, Base
+from swarmhub.server.models import ApiToken, Base, Experiment
 from swarmhub.server.routes import pages
 
 from .conftest import PASSWORD, api_token, csrf_from, login, make_experiment, make_user
@@ -46,7 +46,9 @@ def test_every_form_without_a_valid_csrf_token_is_refused_and_changes_nothing(ap
     with db() as session:
         token_id = session.scalar(select(ApiToken.id))
     device = client.post("/api/auth/device/code", json={"client_name": "a laptop"}).json()
-    path_values = {"slug": "target", "token_id": str(token_id)}
+    with db() as session:
+        invite_code = session.scalar(select(Experiment.invite_code).where(Experiment.slug == "target"))
+    path_values = {"slug": "target", "token_id": str(token_id), "code": invite_code}
     # One form with the fields the routes read: with the session's token, most of them change something with it.
     form = {
         "username": "vera",

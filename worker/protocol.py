@@ -203,18 +203,26 @@ class Me(BaseModel):
 class ProbeInfo(BaseModel):
     """`GET /api/probe`: the server's clock and the address it sees this worker at."""
 
-    server_time: float
-    client_host: str
+    server_time: float = Field(description="The server's clock (unix seconds)")
+    client_host: str = Field(description="The address this request came from, as the server sees it")
 
 
 class UploadResult(BaseModel):
+    """`POST /api/probe/upload`: how many bytes arrived and how long receiving them took."""
+
     bytes: int
     seconds: float
 
 
+class ReachabilityRequest(BaseModel):
+    """`POST /api/probe/reachability`: the addresses this worker listens on."""
+
+    maddrs: list[str] = Field(min_length=1, max_length=8, description="Multiaddrs the worker listens on")
+
+
 class DialResult(BaseModel):
     maddr: str
-    dialed: str | None
+    dialed: str | None = Field(description="host:port the server dialed, or null when it would not")
     ok: bool
     error: str | None = None
 
@@ -222,5 +230,5 @@ class DialResult(BaseModel):
 class ReachabilityResult(BaseModel):
     """`POST /api/probe/reachability`: could the server open a TCP connection to this worker?"""
 
-    reachable: bool
+    reachable: bool = Field(description="The server could open a TCP connection to at least one address")
     results: list[DialResult]

@@ -365,6 +365,15 @@ async def change_ban(request: Request, slug: str, session: DB, user: RequiredPag
 
 
 @router.get("/experiments/{slug}/invite/{code}")
+def invite_page(request: Request, slug: str, code: str, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+    """The invite link asks before it makes anyone a volunteer: a link opened from another site changes nothing."""
+    experiment = experiments.invited(session, slug, code[:64])
+    if experiments.is_member(session, experiment, user):
+        return _see_other(f"/experiments/{experiment.slug}")
+    return render(request, "invite.html", {"experiment": experiment, "code": code[:64]}, user=user, web=web)
+
+
+@router.post("/experiments/{slug}/invite/{code}", dependencies=[CSRF])
 def accept_invite(slug: str, code: str, session: DB, user: RequiredPageUser) -> Response:
     experiment = experiments.accept_invite(session, slug, code[:64], user)
     return _see_other(f"/experiments/{experiment.slug}?joined=1")

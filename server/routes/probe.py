@@ -13,8 +13,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
+
+from swarmhub.worker.protocol import DialResult, ProbeInfo, ReachabilityRequest, ReachabilityResult, UploadResult
 
 from ..deps import CurrentUser
 from ..errors import TooLarge, documented
@@ -24,32 +25,6 @@ router = APIRouter(prefix="/api/probe", tags=["probe"], responses=documented(401
 MAX_PROBE_BYTES = 8 * 2**20
 DIAL_TIMEOUT = 3.0
 _BLOCK = bytes(range(256)) * 4096  # 1 MiB
-
-
-class ProbeInfo(BaseModel):
-    server_time: float = Field(description="The server's clock (unix seconds)")
-    client_host: str = Field(description="The address this request came from, as the server sees it")
-
-
-class UploadResult(BaseModel):
-    bytes: int
-    seconds: float
-
-
-class ReachabilityRequest(BaseModel):
-    maddrs: list[str] = Field(min_length=1, max_length=8, description="Multiaddrs the worker listens on")
-
-
-class DialResult(BaseModel):
-    maddr: str
-    dialed: str | None = Field(description="host:port the server dialed, or null when it would not")
-    ok: bool
-    error: str | None = None
-
-
-class ReachabilityResult(BaseModel):
-    reachable: bool = Field(description="The server could open a TCP connection to at least one address")
-    results: list[DialResult]
 
 
 def _client_host(request: Request) -> str:
