@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+
 from hivemind.utils.crypto import RSAPrivateKey
 from sqlalchemy import func, select
 
 from swarmhub.server import experiments
 from swarmhub.server.models import Experiment
 from swarmhub.worker import swarm_access
+from swarmhub.worker.protocol import JoinResponse
 
 from .conftest import api_token, csrf_from, login, make_experiment, make_user
 
@@ -199,6 +202,35 @@ def test_swarm_token_refresh_is_signed_by_the_experiment(client, db):
     assert swarm_access.verify_token(token, key, run_id)
     assert not swarm_access.verify_token(token, key, run_id + "-other")
     assert "signing_key" not in client.get("/api/experiments/open").text
+
+
+def test_the_experiment_signing_key_never_leaves_the_server(client, db):
+    """Workers get tokens signed by the experiment's key; nothing they, the organizer or the public can fetch
+    carries the private key."""
+    owner = make_user(db)
+    make_experiment(db, owner, slug="open", status="running")
+    with db() as session:
+        experiment = session.scalar(select(Experiment).where(Experiment.slug == "open"))
+        secret, run_id = experiment.signing_key, experiments.run_id(experiment)
+    der = base64.b64decode(secret)
+    pieces = [secret, secret[len(secret) // 2 : len(secret) // 2 + 40], der.hex()[:80]]
+    organizer, body = api_token(client), {"peer_public_key": PEER_KEY}
+    login(client)
+    fetched = {
+        "refresh": client.post("/api/experiments/open/swarm-token", json=body, headers=organizer),
+        "experiment": client.get("/api/experiments/open", headers=organizer),
+        "metrics": client.get("/api/experiments/open/metrics", headers=organizer),
+        "dashboard": client.get("/experiments/open"),
+        "edit page": client.get("/experiments/open/edit"),
+    }
+    for what, response in fetched.items():
+        assert response.status_code == 200, (what, response.status_code)
+        assert not any(piece in response.text for piece in pieces), f"the {what} response carries the signing key"
+    # What a worker is sent besides its token (the join response, the e2e tests' subject) has no field for a key
+    # other than the public one.
+    assert {name for name in JoinResponse.model_fields if "key" in name} == {"experiment_public_key"}
+    token = swarm_access.token_from_wire(fetched["refresh"].json())
+    assert swarm_access.verify_token(token, swarm_access.signing_key_from_text(secret).get_public_key(), run_id)
 
 
 def test_revoked_token_stops_working(client, db):

@@ -194,21 +194,23 @@ def test_leaderboard_ranks_verified_work_and_flags_implausible_claims_for_the_or
         db,
         experiment.id,
         [observation("ada", "QmA", e, 100, ts, sps=50.0) for e in (1, 2, 3)]
-        + [observation("grace", "QmG", e, 28, ts, sps=15.0) for e in (1, 2, 3, 4)],
+        + [observation("grace", "QmG", e, 28, ts, sps=15.0) for e in (1, 2, 3, 4)]
+        + [observation("mallory", "QmM", 2, 20, ts, sps=12.0)],  # mallory's peer did a little real work
         now,
     )
     report(client, api_token(client, "ada"), workers["ada"], 0, 310, 48.0)
     report(client, api_token(client, "grace"), workers["grace"], 0, 112, 16.0)
-    # mallory's worker claims a lot, fast, and nothing in the swarm backs it.
+    # mallory's worker claims far more, and far faster, than the swarm saw it do.
     report(client, api_token(client, "mallory"), workers["mallory"], 0, 50_000, 900.0)
 
     public = client.get("/api/experiments/ledger/leaderboard").json()
     assert [(e["username"], e["samples"], e["pending_samples"], e["claimed_samples"]) for e in public] == [
         ("ada", 300, 0, 310),
         ("grace", 84, 28, 112),
-        ("mallory", 0, 0, 50_000),
+        ("mallory", 20, 0, 50_000),  # ranked by what the swarm saw, not by what it claimed
     ]
-    assert [e["share"] for e in public] == [pytest.approx(300 / 384, abs=1e-4), pytest.approx(84 / 384, abs=1e-4), 0]
+    shares = [e["share"] for e in public]
+    assert shares == [pytest.approx(n / 404, abs=1e-4) for n in (300, 84, 20)]
     assert all(e["flags"] is None for e in public)  # the public never sees flags
 
     as_volunteer = client.get("/api/experiments/ledger/leaderboard", headers=api_token(client, "grace")).json()
@@ -222,5 +224,5 @@ def test_leaderboard_ranks_verified_work_and_flags_implausible_claims_for_the_or
     assert "900 samples/s" in flags["mallory"][1] and "cpu" in flags["mallory"][1]
 
     summary = client.get("/api/experiments/ledger/metrics").json()["summary"]
-    assert (summary["verified_samples"], summary["total_samples"]) == (384, 50_422)
+    assert (summary["verified_samples"], summary["total_samples"]) == (404, 50_422)
     assert metrics.device_class("cuda:1") == "cuda"
