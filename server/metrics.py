@@ -630,36 +630,45 @@ def leaderboard_page(
 
 class _ClassReferences:
     """The fastest signed rate of each device class here (kept in the experiment's totals), and, for the
-    volunteer who holds it, the runner-up: the fastest signed rate of *another* volunteer of the class, looked
-    up through the index on the signed peak (a few rows), so that inflated signed records are not their own
-    yardstick."""
+    volunteer who holds it, the runner-up: the fastest signed rate of *another* volunteer of the class, so that
+    inflated signed records are not their own yardstick. The runner-ups of every class come from one read of the
+    fastest volunteers through the index on the signed peak (a few rows), made once per page and only when a
+    volunteer on it holds a class's peak."""
 
-    SCAN = 50  # rows of the fastest volunteers looked through for one of the class
+    SCAN = 50  # rows of the fastest volunteers looked through for the classes' two fastest
 
     def __init__(self, session: Session, experiment_id: int, fastest: dict[str, float]):
         self.session = session
         self.experiment_id = experiment_id
         self.fastest = fastest
-        self._runner_up: dict[tuple[str, int], float] = {}
+        self._leaders: dict[str, list[tuple[float, int]]] | None = None  # class -> its two fastest (peak, user)
 
     def others(self, cls: str, row: VolunteerTotal) -> float:
         fastest = self.fastest.get(cls, 0.0)
         if row.peak_signed_samples_per_second < fastest:
             return fastest  # someone else holds the class's peak
-        key = (cls, row.user_id)
-        if key not in self._runner_up:
-            faster = self.session.execute(
-                select(VolunteerTotal.peak_signed_samples_per_second, VolunteerTotal.device_classes)
+        if self._leaders is None:
+            self._leaders = {}
+            fastest_rows = self.session.execute(
+                select(
+                    VolunteerTotal.peak_signed_samples_per_second,
+                    VolunteerTotal.user_id,
+                    VolunteerTotal.device_classes,
+                )
                 .where(
                     VolunteerTotal.experiment_id == self.experiment_id,
-                    VolunteerTotal.user_id != row.user_id,
                     VolunteerTotal.peak_signed_samples_per_second > 0,
                 )
                 .order_by(VolunteerTotal.peak_signed_samples_per_second.desc())
                 .limit(self.SCAN)
             )
-            self._runner_up[key] = next((peak for peak, classes in faster if cls in classes), 0.0)
-        return self._runner_up[key]
+            for peak, user_id, classes in fastest_rows:
+                for each in classes:
+                    leaders = self._leaders.setdefault(each, [])
+                    if len(leaders) < 2:
+                        leaders.append((peak, user_id))
+        # Tied at the peak, the other holder is the runner-up: the same rate.
+        return next((peak for peak, user_id in self._leaders.get(cls, []) if user_id != row.user_id), 0.0)
 
 
 def _flags(experiment: Experiment, row: VolunteerTotal, references: _ClassReferences) -> list[str]:
