@@ -204,7 +204,9 @@ if admitted:  # a peer with a valid token, on the roster: the positive control
     swarm_access.add_roster_validators(dht, run_id, key)
     assert swarm_access.publish_roster_entry(dht, run_id, token)
     p2p = asyncio.run(dht.replicate_p2p())
-    result = asyncio.run(call(p2p))
+    print(json.dumps(asyncio.run(call(p2p))), flush=True)
+    for _ in sys.stdin:  # the same peer, admitted and answered before, asks again (after a removal, say)
+        print(json.dumps(asyncio.run(call(p2p))), flush=True)
     dht.shutdown()
 else:  # no token, never in the DHT: straight to the averagers
     async def rogue():
@@ -213,8 +215,7 @@ else:  # no token, never in the DHT: straight to the averagers
             return await call(p2p)
         finally:
             await p2p.shutdown()
-    result = asyncio.run(rogue())
-print(json.dumps(result))
+    print(json.dumps(asyncio.run(rogue())), flush=True)
 """
 
 
@@ -227,6 +228,7 @@ def test_rogues_get_nothing_while_two_honest_peers_average(swarm_peer, tmp_path)
     tag = f"honest-{uuid.uuid4().hex}"
     honest: dict[str, subprocess.Popen[str]] = {}
     lines: dict[str, LineReader] = {}
+    callers: list[subprocess.Popen[str]] = []
 
     def wait_for(name: str, wanted: dict | str, timeout: float) -> dict:
         """The next JSON line of trainer ``name`` that has key ``wanted`` (or holds the items of ``wanted``)."""
@@ -256,24 +258,42 @@ def test_rogues_get_nothing_while_two_honest_peers_average(swarm_peer, tmp_path)
         everyone = maddrs + where["a"]["maddrs"] + where["b"]["maddrs"]
         entered = try_to_enter(everyone, run_id, key_text, [*ROGUE_CASES, "valid"])
 
-        def direct(admitted: bool) -> dict:
+        def direct(admitted: bool) -> tuple[subprocess.Popen[str], LineReader, dict]:
             args = json.dumps([where["a"]["maddrs"], where["a"]["peer_id"], maddrs, run_id, key_text, admitted])
-            done = subprocess.run([sys.executable, "-c", DIRECT, args], capture_output=True, text=True, timeout=120)
-            assert done.returncode == 0, done.stderr[-2000:]
-            return json.loads(done.stdout.strip().splitlines()[-1])
+            caller = subprocess.Popen(
+                [sys.executable, "-c", DIRECT, args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            callers.append(caller)
+            reader = LineReader(caller)
+            return caller, reader, read_result(reader)
 
-        rogue, admitted = direct(False), direct(True)
-        # The organizer removes "ada": within the stated bound the honest peer serves her nothing more,
-        # even with a fresh, validly signed token.
+        def read_result(reader: LineReader) -> dict:
+            while (line := reader.next(120)) is not None:
+                if line.startswith("{"):
+                    return json.loads(line)
+            raise AssertionError("the direct caller ended without a result")
+
+        rogue_caller, _, rogue = direct(False)
+        assert rogue_caller.wait(30) == 0
+        # The positive control: a peer on the roster, answered; it stays connected for the removal below.
+        admitted_caller, admitted_lines, admitted = direct(True)
+        # The organizer removes "ada": within the stated bound the honest peer serves her nothing more, though
+        # her peer was admitted a moment ago and still holds a validly signed token.
         deny_file.write_text("ada\n")
         time.sleep(swarm_access.DENY_POLL_SECONDS + 2)
-        removed = direct(True)
+        assert admitted_caller.stdin is not None
+        admitted_caller.stdin.write("again\n")
+        admitted_caller.stdin.flush()
+        removed = read_result(admitted_lines)
+        admitted_caller.stdin.close()
+        assert admitted_caller.wait(60) == 0
         for name in honest:  # after all that, the honest peers still complete rounds together
             wait_for(name, {"averaged": 2}, 90)
     finally:
-        for proc in honest.values():
-            proc.terminate()
-        for proc in honest.values():
+        for proc in [*honest.values(), *callers]:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in [*honest.values(), *callers]:
             proc.wait(90)
     left = wait_gone(tag, 20)
     kill_all(left)
