@@ -168,3 +168,26 @@ def test_usage_errors(config_dir: Path) -> None:
     empty = run("login", "--server", DOWN, "--with-token", input="\n")
     assert empty.exit_code == ExitCode.USAGE and "No token on stdin" in empty.output
     assert run("join", "x", "--device", "tpu").exit_code == ExitCode.USAGE  # click's own usage error
+
+
+def test_one_peer_key_per_user_and_experiment_kept_across_runs(config_dir: Path) -> None:
+    """`join` takes its hivemind identity (and the key its swarm tokens bind) from ``identity_path``: the same
+    key on every run of one user in one experiment, so its work stays attributable; another experiment, user or
+    server gets another key."""
+    from swarmhub.worker import swarm_access
+
+    settings = WorkerSettings()
+
+    def peer(server: str, username: str, slug: str) -> str:
+        key = swarm_access.load_or_create_identity(settings.identity_path(server, username, slug))
+        return swarm_access.peer_id_for_public_key(key.get_public_key().to_bytes())
+
+    first = peer("http://127.0.0.1:8000", "alice", "sahajbert")
+    assert peer("http://127.0.0.1:8000", "alice", "sahajbert") == first  # a restart: the same peer ID
+    assert WorkerSettings().identity_path("http://127.0.0.1:8000", "alice", "sahajbert").stat().st_mode & 0o077 == 0
+    others = {
+        peer("http://127.0.0.1:8000", "alice", "digits"),
+        peer("http://127.0.0.1:8000", "bob", "sahajbert"),
+        peer("http://127.0.0.1:9000", "alice", "sahajbert"),
+    }
+    assert len(others) == 3 and first not in others
