@@ -26,9 +26,9 @@ The load comes from two client processes (100 workers each, asyncio + ``websocke
 CPU: on this 2-core machine they share the cores with the server, which caps the bare endpoint's figure (and so
 flatters the ratio; see docs/server-benchmarks.md). Rounds alternate the variants (order rotated each round).
 
-Command: ``.venv/bin/python bench/ingestion.py [--quick] [--no-postgres] [--in-flight N]`` (full: 3 rounds, about 4 minutes;
---quick: 1 short round, about a minute). Exits 0 whether the target is met or not; nonzero only when the
-benchmark itself fails. Leaves no process (and no database) behind.
+Command: ``.venv/bin/python bench/ingestion.py [--quick] [--no-postgres] [--in-flight N]`` (full: 3 rounds,
+about 4 minutes; --quick: 1 short round, about a minute). Exits 0 whether the target is met or not; nonzero only
+when the benchmark itself fails. Leaves no process (and no database) behind.
 """
 
 from __future__ import annotations

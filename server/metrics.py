@@ -14,6 +14,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     Integer,
+    Row,
     Select,
     String,
     Table,
@@ -23,6 +24,7 @@ from sqlalchemy import (
     func,
     select,
     text,
+    true,
     tuple_,
     update,
 )
@@ -499,7 +501,7 @@ class Cursor(NamedTuple):
             raise BadRequest("not a cursor this leaderboard returned", field="cursor") from None
 
     @staticmethod
-    def of(rank: int, row: VolunteerTotal) -> Cursor:
+    def of(rank: int, row: TotalRow) -> Cursor:
         return Cursor(rank, row.verified_samples, row.claimed_samples, row.sort_name, row.user_id)
 
 
@@ -511,10 +513,15 @@ class LeaderboardPage(BaseModel):
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last page")
 
 
-def _ranked(experiment: Experiment) -> Select[VolunteerTotal]:
+# A page's totals are read as plain rows (attribute access by column name), not as ORM objects: building and
+# tracking 100 mapped objects was most of a page's time in Python.
+TotalRow = Row[Any]
+
+
+def _ranked(experiment: Experiment) -> Select[Any]:
     # The order of ix_volunteer_totals_rank, so that a page is an index range that stops at the page.
     return (
-        select(VolunteerTotal)
+        select(*VolunteerTotal.__table__.columns)
         .where(VolunteerTotal.experiment_id == experiment.id)
         .order_by(
             VolunteerTotal.verified_samples.desc(),
@@ -525,7 +532,7 @@ def _ranked(experiment: Experiment) -> Select[VolunteerTotal]:
     )
 
 
-def _rows_after(session: Session, experiment: Experiment, after: Cursor, limit: int) -> list[VolunteerTotal]:
+def _rows_after(session: Session, experiment: Experiment, after: Cursor, limit: int) -> list[TotalRow]:
     """The ``limit`` rows after ``after`` in the board's order. The order mixes descending totals with
     ascending names, so "after" is no single index range; it is three, read in turn until the page is full:
     the same totals and a later name, the same verified samples and fewer claimed, then fewer verified."""
@@ -539,9 +546,9 @@ def _rows_after(session: Session, experiment: Experiment, after: Cursor, limit: 
         (total.verified_samples == after.verified, total.claimed_samples < after.claimed),
         (total.verified_samples < after.verified,),
     ]
-    rows: list[VolunteerTotal] = []
+    rows: list[TotalRow] = []
     for condition in ranges:
-        rows += session.scalars(_ranked(experiment).where(*condition).limit(limit - len(rows)))
+        rows += session.execute(_ranked(experiment).where(*condition).limit(limit - len(rows)))
         if len(rows) == limit:
             break
     return rows
@@ -582,29 +589,42 @@ def leaderboard_page(
         page = _rows_after(session, experiment, after, limit + 1)
         first_rank = after.rank + 1
     else:
-        page = list(session.scalars(_ranked(experiment).limit(limit + 1).offset(offset)))
+        page = list(session.execute(_ranked(experiment).limit(limit + 1).offset(offset)))
         first_rank = offset + 1
     more, page = len(page) > limit, page[:limit]
     if not page:
         return LeaderboardPage(entries=[], next_cursor=None)
     next_cursor = Cursor.of(first_rank + len(page) - 1, page[-1]).encode() if more else None
     ids = [row.user_id for row in page]
-    names = dict(session.execute(select(User.id, User.username).where(User.id.in_(ids))).tuples().all())
-    # A rate is a worker's while it reports: the sum over the volunteer's runs seen within the window.
-    rates = dict(
-        session.execute(
-            select(WorkerRun.user_id, func.sum(WorkerRun.samples_per_second))
-            .where(
-                WorkerRun.experiment_id == experiment.id, WorkerRun.user_id.in_(ids), WorkerRun.last_seen_at >= since
-            )
-            .group_by(WorkerRun.user_id)
+    dialect = session.get_bind().dialect.name
+    # A rate is a worker's while it reports: the sum over the volunteer's runs seen within the window. Read with
+    # the names, and beside the experiment's totals, in one statement.
+    rates = (
+        select(WorkerRun.user_id, func.sum(WorkerRun.samples_per_second).label("rate"))
+        .where(
+            WorkerRun.experiment_id == experiment.id,
+            among(WorkerRun.user_id, ids, dialect),
+            WorkerRun.last_seen_at >= since,
         )
-        .tuples()
-        .all()
+        .group_by(WorkerRun.user_id)
+        .subquery()
     )
-    totals = session.get(ExperimentTotal, experiment.id)
-    total_verified = totals.verified_samples if totals is not None else 0
-    fastest_signed = dict(totals.signed_peaks) if totals is not None else {}
+    totals_row = (
+        select(ExperimentTotal.verified_samples, ExperimentTotal.signed_peaks)
+        .where(ExperimentTotal.experiment_id == experiment.id)
+        .subquery()
+    )
+    people = session.execute(
+        select(User.id, User.username, rates.c.rate, totals_row.c.verified_samples, totals_row.c.signed_peaks)
+        .outerjoin(rates, rates.c.user_id == User.id)
+        .outerjoin(totals_row, true())
+        .where(among(User.id, ids, dialect))
+    ).all()
+    names = {person.id: person.username for person in people}
+    rate_of = {person.id: person.rate for person in people}
+    totals = people[0] if people else None
+    total_verified = (totals.verified_samples or 0) if totals is not None else 0
+    fastest_signed = dict(totals.signed_peaks or {}) if totals is not None else {}
     references = _ClassReferences(session, experiment.id, fastest_signed)
     board = []
     for rank, row in enumerate(page, start=first_rank):
@@ -618,7 +638,7 @@ def leaderboard_page(
                 pending_samples=row.pending_samples,
                 claimed_samples=row.claimed_samples,
                 share=round(row.verified_samples / total_verified, 4) if total_verified else 0.0,
-                samples_per_second=round(float(rates.get(row.user_id) or 0.0), 2),
+                samples_per_second=round(float(rate_of.get(row.user_id) or 0.0), 2),
                 time_online_seconds=round(row.online_seconds, 1),
                 active=last_seen is not None and last_seen >= since,
                 last_seen=last_seen,
@@ -643,7 +663,7 @@ class _ClassReferences:
         self.fastest = fastest
         self._leaders: dict[str, list[tuple[float, int]]] | None = None  # class -> its two fastest (peak, user)
 
-    def others(self, cls: str, row: VolunteerTotal) -> float:
+    def others(self, cls: str, row: TotalRow) -> float:
         fastest = self.fastest.get(cls, 0.0)
         if row.peak_signed_samples_per_second < fastest:
             return fastest  # someone else holds the class's peak
@@ -671,7 +691,7 @@ class _ClassReferences:
         return next((peak for peak, user_id in self._leaders.get(cls, []) if user_id != row.user_id), 0.0)
 
 
-def _flags(experiment: Experiment, row: VolunteerTotal, references: _ClassReferences) -> list[str]:
+def _flags(experiment: Experiment, row: TotalRow, references: _ClassReferences) -> list[str]:
     """Claims the signed records do not back: samples that never reached an averaging round, a reported rate
     far above what peers of the same device class were seen to do here, and signed records whose rate is far
     above every other peer of the class."""

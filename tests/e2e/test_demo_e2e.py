@@ -4,6 +4,7 @@ Ctrl-C: everything it started stops and nothing is left behind."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from .test_swarm_e2e import descendants, outlived
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli"]
+LOGIN = re.compile(r"Organizer:  log in at \S+ as 'organizer' with password (\S+)")
 
 
 def reported_samples(url: str) -> int:
@@ -48,6 +50,7 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process(tmp_path):
     try:
         deadline = time.monotonic() + 150
         dashboard = None
+        organizer_login = None
         while time.monotonic() < deadline and demo.poll() is None:
             started |= descendants(demo)
             if dashboard is None:
@@ -58,6 +61,13 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process(tmp_path):
                     pass
             elif reported_samples(url) > 0:
                 break
+            if organizer_login is None and (
+                printed := LOGIN.search((tmp_path / "demo.out").read_text(errors="replace"))
+            ):
+                login = httpx.post(
+                    f"{url}/api/auth/token", json={"username": "organizer", "password": printed.group(1)}, timeout=10
+                )
+                organizer_login = login.status_code
             time.sleep(0.5)
         samples = reported_samples(url)
         started |= descendants(demo)
@@ -73,6 +83,9 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process(tmp_path):
     assert samples > 0, output[-3000:]
     assert code == 0, output[-3000:]
     assert "Stopped. Nothing is left running." in output
+    # What the README says it prints: the dashboard's address and a login that worked while it ran.
+    assert f"Dashboard:  {url}/experiments/demo-digits" in output, output[-3000:]
+    assert organizer_login == 200, output[-3000:]
     assert "Traceback" not in output
     # Each worker got one signal and left the swarm cleanly: a second one would have forced it out.
     for n in (1, 2):
