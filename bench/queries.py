@@ -678,7 +678,8 @@ def main() -> None:
             with db() as session:
                 exp = session.scalars(select(Experiment).where(Experiment.slug == "bench")).one()
                 experiment_id = exp.id
-            drive_sample(db, experiment_id, log)
+            if not args.reuse:  # a kept build was driven by the run that built it
+                drive_sample(db, experiment_id, log)
             checked = check_totals(db, experiment_id)
             log(checked)
             vacuum(engine)
