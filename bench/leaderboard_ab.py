@@ -1,0 +1,93 @@
+"""The leaderboard's pages of this checkout against those of another commit, side by side on one kept build.
+
+``bench/queries.py`` times one version of the code, and this shared machine's speed drifts by up to 2x within an
+hour, so two of its runs do not compare two versions. This loads ``server/metrics.py`` of ``--baseline`` (a
+commit) beside the checkout's, checks that both give the same pages, and times them interleaved (alternating
+which goes first), each call in its own session as a request has. Needs the database a
+``bench/queries.py --keep`` run left.
+
+    .venv/bin/python bench/queries.py --only leaderboard --keep     # once: builds swarmhub_bench_queries
+    .venv/bin/python bench/leaderboard_ab.py --baseline 57bac44     # prints median / p95 of each and the ratio
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from swarmhub.server import metrics
+from swarmhub.server.db import make_engine, make_sessionmaker
+from swarmhub.server.models import Experiment
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from queries import ROOT, WINDOW, p95  # noqa: E402
+
+
+def baseline_module(commit: str) -> Any:
+    source = subprocess.run(
+        ["git", "show", f"{commit}:server/metrics.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / "baseline_metrics.py"
+    path.write_text(source)
+    # Loaded as a module of the server package, so that its relative imports resolve to this checkout's.
+    spec = importlib.util.spec_from_file_location("swarmhub.server._baseline_metrics", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", required=True, help="the commit to compare with (its server/metrics.py)")
+    parser.add_argument("--url", default="postgresql+psycopg://postgres@127.0.0.1:5432/swarmhub_bench_queries")
+    parser.add_argument("--runs", type=int, default=120, help="timed calls of each version per page")
+    args = parser.parse_args()
+    old = baseline_module(args.baseline)
+    db = make_sessionmaker(make_engine(args.url))
+    with db() as session:
+        experiment = session.scalars(select(Experiment).where(Experiment.slug == "bench")).one()
+        session.expunge(experiment)
+
+    def page(module: Any, **kwargs: Any) -> Any:
+        with db() as session:
+            return module.leaderboard_page(session, session.merge(experiment, load=False), WINDOW, **kwargs)
+
+    with db() as session:  # the cursor of rank 50,010, as bench/queries.py's deep page
+        handover = metrics.leaderboard_page(
+            session, session.merge(experiment, load=False), WINDOW, limit=1, offset=50_009
+        )
+    assert handover.next_cursor is not None
+    cases = {
+        "first page (100)": {},
+        "organizer's (flags)": {"with_flags": True},
+        "deep page (cursor after rank 50,010)": {"after": metrics.Cursor.decode(handover.next_cursor)},
+    }
+    print(f"baseline {args.baseline} against this checkout, {args.runs} interleaved calls each")
+    print("| page | baseline median / p95 ms | checkout median / p95 ms | speed-up (medians) |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, kwargs in cases.items():
+        assert page(old, **kwargs).model_dump() == page(metrics, **kwargs).model_dump(), f"{name}: pages differ"
+        times: dict[str, list[float]] = {"old": [], "new": []}
+        for i in range(args.runs):
+            order = [("old", old), ("new", metrics)]
+            for label, module in order if i % 2 else reversed(order):
+                started = time.perf_counter()
+                page(module, **kwargs)
+                times[label].append((time.perf_counter() - started) * 1000)
+        (a, b) = (statistics.median(times["old"]), statistics.median(times["new"]))
+        print(f"| {name} | {a:.1f} / {p95(times['old']):.1f} | {b:.1f} / {p95(times['new']):.1f} | {a / b:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
