@@ -121,3 +121,18 @@ def test_progress_to_a_file_is_a_line_every_few_seconds(monkeypatch):
         "epoch 30 | 3 peers (averaged with 3) | 19,200 samples | loss 0.0083 | 128 samples/s",
     ]
     assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
+
+
+@pytest.mark.parametrize("skew", [-35.0, 35.0])
+def test_join_stops_beyond_30_s_of_clock_skew_and_not_within_it(skew):
+    """The bound is 30 s each way; the skew is measured from the middle of the request's round trip, so a slow
+    answer is not taken for a clock that is off."""
+    from swarmhub.worker.client import ExitCode, WorkerError, check_clock
+
+    now = 1_800_000_000.0
+    check_clock(server_time=now, sent_at=now + skew * 25 / 35, received_at=now + skew * 25 / 35)  # 25 s: fine
+    check_clock(server_time=now, sent_at=now - 20.0, received_at=now + 20.0)  # a 40 s round trip, clocks agree
+    with pytest.raises(WorkerError) as refused:
+        check_clock(server_time=now, sent_at=now + skew, received_at=now + skew)
+    assert refused.value.exit_code == ExitCode.CLOCK
+    assert f"35 s {'ahead of' if skew > 0 else 'behind'} the server's" in str(refused.value)
