@@ -277,6 +277,8 @@ def train(
     """
     import hivemind  # heavy: only when training starts
 
+    from .swarm_optimizer import SwarmOptimizer
+
     started = time.monotonic()
     deadline = started + max_minutes * 60 if max_minutes is not None else math.inf
     stop_event = stop_event or threading.Event()
@@ -349,7 +351,7 @@ def train(
             swarm_access.guard_averaging(access.experiment_key, join.run_id, deny_list)
             load_balancing.install()  # every reachable peer gets a part of the vector to reduce
             with _sigint_handler_kept():
-                opt = hivemind.Optimizer(
+                opt = SwarmOptimizer(
                     dht=dht,
                     run_id=join.run_id,
                     params=list(task.parameter_groups(model)),
