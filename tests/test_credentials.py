@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 from pydantic import SecretStr
 
+from swarmhub.worker import swarm_access
 from swarmhub.worker.cli import main
 from swarmhub.worker.client import ExitCode
 from swarmhub.worker.credentials import (
@@ -174,8 +175,6 @@ def test_one_peer_key_per_user_and_experiment_kept_across_runs(config_dir: Path)
     """`join` takes its hivemind identity (and the key its swarm tokens bind) from ``identity_path``: the same
     key on every run of one user in one experiment, so its work stays attributable; another experiment, user or
     server gets another key."""
-    from swarmhub.worker import swarm_access
-
     settings = WorkerSettings()
 
     def peer(server: str, username: str, slug: str) -> str:
