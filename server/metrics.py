@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import math
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -17,17 +18,21 @@ from sqlalchemy import (
     Row,
     Select,
     String,
+    Subquery,
     Table,
+    Text,
     TypeDecorator,
+    and_,
     any_,
     bindparam,
     func,
     select,
     text,
-    true,
     tuple_,
+    union_all,
     update,
 )
+from sqlalchemy import cast as cast_
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -95,6 +100,7 @@ _BUCKETS = cast(Table, MetricBucket.__table__)
 _RUNS = cast(Table, WorkerRun.__table__)
 _VOLUNTEERS = cast(Table, VolunteerTotal.__table__)
 _TOTALS = cast(Table, ExperimentTotal.__table__)
+_USERS = cast(Table, User.__table__)
 
 _RUN_COLUMNS = ("last_seen_at", "last_stored_at", "samples", "epoch", "loss", "samples_per_second", "last_seq")
 _VOLUNTEER_COLUMNS = ("claimed_samples", "peak_claimed_samples_per_second", "device_classes", "last_report_at")
@@ -518,40 +524,80 @@ class LeaderboardPage(BaseModel):
 TotalRow = Row[Any]
 
 
-def _ranked(experiment: Experiment) -> Select[Any]:
+def _rank_order(columns: Any) -> list[Any]:
     # The order of ix_volunteer_totals_rank, so that a page is an index range that stops at the page.
+    return [columns.verified_samples.desc(), columns.claimed_samples.desc(), columns.sort_name, columns.user_id]
+
+
+def _ranked() -> Select[Any]:
+    """The board's rows in rank order, as their rank keys only: every column is one of ix_volunteer_totals_rank's,
+    so that a range of it (and an offset's walk to one) reads the index alone, not the table."""
+    volunteer = _VOLUNTEERS.c
     return (
-        select(*VolunteerTotal.__table__.columns)
-        .where(VolunteerTotal.experiment_id == experiment.id)
-        .order_by(
-            VolunteerTotal.verified_samples.desc(),
-            VolunteerTotal.claimed_samples.desc(),
-            VolunteerTotal.sort_name,
-            VolunteerTotal.user_id,
-        )
+        select(volunteer.user_id, volunteer.verified_samples, volunteer.claimed_samples, volunteer.sort_name)
+        .where(volunteer.experiment_id == bindparam("experiment_id", type_=Integer))
+        .order_by(*_rank_order(volunteer))
     )
 
 
-def _rows_after(session: Session, experiment: Experiment, after: Cursor, limit: int) -> list[TotalRow]:
-    """The ``limit`` rows after ``after`` in the board's order. The order mixes descending totals with
-    ascending names, so "after" is no single index range; it is three, read in turn until the page is full:
-    the same totals and a later name, the same verified samples and fewer claimed, then fewer verified."""
-    total = VolunteerTotal
+def _page_keys(by_cursor: bool) -> Subquery:
+    """The rank keys of a page: ``limit`` rows from ``offset``, or after a cursor (``verified``, ``claimed``,
+    ``sort_name``, ``user_id``). The board's order mixes descending totals with ascending names, so "after" is no
+    single index range; it is three, each read up to ``limit`` rows, and the page is the first ``limit`` of them
+    in order: the same totals and a later name, the same verified samples and fewer claimed, then fewer
+    verified."""
+    limit = bindparam("limit", type_=Integer)
+    if not by_cursor:
+        return _ranked().limit(limit).offset(bindparam("offset", type_=Integer)).subquery("page")
+    total = _VOLUNTEERS.c
+    verified, claimed = bindparam("verified", type_=BigInteger), bindparam("claimed", type_=BigInteger)
+    later = tuple_(total.sort_name, total.user_id) > tuple_(
+        bindparam("sort_name", type_=total.sort_name.type), bindparam("user_id", type_=Integer)
+    )
     ranges = [
-        (
-            total.verified_samples == after.verified,
-            total.claimed_samples == after.claimed,
-            tuple_(total.sort_name, total.user_id) > tuple_(after.sort_name, after.user_id),
-        ),
-        (total.verified_samples == after.verified, total.claimed_samples < after.claimed),
-        (total.verified_samples < after.verified,),
+        (total.verified_samples == verified, total.claimed_samples == claimed, later),
+        (total.verified_samples == verified, total.claimed_samples < claimed),
+        (total.verified_samples < verified,),
     ]
-    rows: list[TotalRow] = []
-    for condition in ranges:
-        rows += session.execute(_ranked(experiment).where(*condition).limit(limit - len(rows)))
-        if len(rows) == limit:
-            break
-    return rows
+    parts = [_ranked().where(*condition).limit(limit).subquery() for condition in ranges]
+    rows = union_all(*(select(part) for part in parts)).subquery("after")
+    return select(rows).order_by(*_rank_order(rows.c)).limit(limit).subquery("page")
+
+
+def _page_statement(by_cursor: bool, with_flags: bool) -> Select[Any]:
+    """A page in one statement: its rank keys, then for those rows only their totals, names and current rates,
+    and the experiment's totals beside every row. A rate is a worker's while it reports: the sum over the
+    volunteer's runs seen since ``since``. Built once per kind of page (its values are bound parameters), so a
+    request neither builds nor compiles it."""
+    page = _page_keys(by_cursor)
+    experiment_id = bindparam("experiment_id", type_=Integer)
+    volunteer, run, totals = _VOLUNTEERS.c, _RUNS.c, _TOTALS.c
+    rate = select(func.sum(run.samples_per_second)).where(
+        run.experiment_id == experiment_id, run.user_id == page.c.user_id, run.last_seen_at >= bindparam("since")
+    )
+    # scalar subqueries: a value (or null) even before the experiment has totals
+    columns = [
+        rate.scalar_subquery().label("rate"),
+        select(totals.verified_samples)
+        .where(totals.experiment_id == experiment_id)
+        .scalar_subquery()
+        .label("total_verified"),
+    ]
+    if with_flags:  # as text: parsed once, not once per row
+        peaks = select(cast_(totals.signed_peaks, Text)).where(totals.experiment_id == experiment_id)
+        columns.append(peaks.scalar_subquery().label("signed_peaks"))
+    return (
+        select(*(c for c in volunteer if c.name != "experiment_id"), _USERS.c.username, *columns)
+        .select_from(page)
+        .join(_VOLUNTEERS, and_(volunteer.experiment_id == experiment_id, volunteer.user_id == page.c.user_id))
+        .join(_USERS, _USERS.c.id == page.c.user_id)
+        .order_by(*_rank_order(page.c))
+    )
+
+
+_PAGES = {
+    (by_cursor, flags): _page_statement(by_cursor, flags) for by_cursor in (False, True) for flags in (False, True)
+}
 
 
 def leaderboard(
@@ -581,71 +627,58 @@ def leaderboard_page(
 ) -> LeaderboardPage:
     """One page of the volunteers by verified samples (then claimed, then name), with what they claimed beside
     it; ``rank`` is the place on the whole board. ``with_flags`` adds the organizer's view of implausible
-    claims. Reads the running totals (``VolunteerTotal``) through their ranking index: the cost is the page's,
-    not the number of volunteers or reports, when the page starts ``after`` a cursor; an ``offset`` walks the
-    index up to the page. The page's cursor leads to the next page."""
+    claims. Reads the running totals (``VolunteerTotal``) through their ranking index, in one statement: the
+    cost is the page's, not the number of volunteers or reports, when the page starts ``after`` a cursor; an
+    ``offset`` walks the index (the index alone) up to the page. The page's cursor leads to the next page."""
     since = _active_since(window_seconds)
+    params: dict[str, Any] = {"experiment_id": experiment.id, "since": since, "limit": limit + 1}
     if after is not None:
-        page = _rows_after(session, experiment, after, limit + 1)
+        params.update(verified=after.verified, claimed=after.claimed, sort_name=after.sort_name, user_id=after.user_id)
         first_rank = after.rank + 1
     else:
-        page = list(session.execute(_ranked(experiment).limit(limit + 1).offset(offset)))
+        params["offset"] = offset
         first_rank = offset + 1
-    more, page = len(page) > limit, page[:limit]
-    if not page:
+    rows = session.execute(_PAGES[after is not None, with_flags], params).all()
+    more, rows = len(rows) > limit, rows[:limit]
+    if not rows:
         return LeaderboardPage(entries=[], next_cursor=None)
-    next_cursor = Cursor.of(first_rank + len(page) - 1, page[-1]).encode() if more else None
-    ids = [row.user_id for row in page]
-    dialect = session.get_bind().dialect.name
-    # A rate is a worker's while it reports: the sum over the volunteer's runs seen within the window. Read with
-    # the names, and beside the experiment's totals, in one statement.
-    rates = (
-        select(WorkerRun.user_id, func.sum(WorkerRun.samples_per_second).label("rate"))
-        .where(
-            WorkerRun.experiment_id == experiment.id,
-            among(WorkerRun.user_id, ids, dialect),
-            WorkerRun.last_seen_at >= since,
-        )
-        .group_by(WorkerRun.user_id)
-        .subquery()
+    next_cursor = Cursor.of(first_rank + len(rows) - 1, rows[-1]).encode() if more else None
+    total_verified = rows[0].total_verified or 0
+    references = (
+        _ClassReferences(session, experiment.id, json.loads(rows[0].signed_peaks or "{}")) if with_flags else None
     )
-    totals_row = (
-        select(ExperimentTotal.verified_samples, ExperimentTotal.signed_peaks)
-        .where(ExperimentTotal.experiment_id == experiment.id)
-        .subquery()
-    )
-    people = session.execute(
-        select(User.id, User.username, rates.c.rate, totals_row.c.verified_samples, totals_row.c.signed_peaks)
-        .outerjoin(rates, rates.c.user_id == User.id)
-        .outerjoin(totals_row, true())
-        .where(among(User.id, ids, dialect))
-    ).all()
-    names = {person.id: person.username for person in people}
-    rate_of = {person.id: person.rate for person in people}
-    totals = people[0] if people else None
-    total_verified = (totals.verified_samples or 0) if totals is not None else 0
-    fastest_signed = dict(totals.signed_peaks or {}) if totals is not None else {}
-    references = _ClassReferences(session, experiment.id, fastest_signed)
     board = []
-    for rank, row in enumerate(page, start=first_rank):
+    for rank, row in enumerate(rows, start=first_rank):
         seen = [t for t in (row.last_report_at, row.last_signed_at) if t is not None]
         last_seen = max(seen) if seen else None
         board.append(
             LeaderboardEntry(
                 rank=rank,
-                username=names[row.user_id],
+                username=row.username,
                 samples=row.verified_samples,
                 pending_samples=row.pending_samples,
                 claimed_samples=row.claimed_samples,
                 share=round(row.verified_samples / total_verified, 4) if total_verified else 0.0,
-                samples_per_second=round(float(rate_of.get(row.user_id) or 0.0), 2),
+                samples_per_second=round(float(row.rate or 0.0), 2),
                 time_online_seconds=round(row.online_seconds, 1),
                 active=last_seen is not None and last_seen >= since,
                 last_seen=last_seen,
-                flags=_flags(experiment, row, references) if with_flags else None,
+                flags=_flags(experiment, row, references) if references is not None else None,
             )
         )
     return LeaderboardPage(entries=board, next_cursor=next_cursor)
+
+
+# The fastest signed rates here, through ix_volunteer_totals_signed_peak
+_FASTEST = (
+    select(_VOLUNTEERS.c.peak_signed_samples_per_second, _VOLUNTEERS.c.user_id, _VOLUNTEERS.c.device_classes)
+    .where(
+        _VOLUNTEERS.c.experiment_id == bindparam("experiment_id", type_=Integer),
+        _VOLUNTEERS.c.peak_signed_samples_per_second > 0,
+    )
+    .order_by(_VOLUNTEERS.c.peak_signed_samples_per_second.desc())
+    .limit(bindparam("scan", type_=Integer))
+)
 
 
 class _ClassReferences:
@@ -669,19 +702,7 @@ class _ClassReferences:
             return fastest  # someone else holds the class's peak
         if self._leaders is None:
             self._leaders = {}
-            fastest_rows = self.session.execute(
-                select(
-                    VolunteerTotal.peak_signed_samples_per_second,
-                    VolunteerTotal.user_id,
-                    VolunteerTotal.device_classes,
-                )
-                .where(
-                    VolunteerTotal.experiment_id == self.experiment_id,
-                    VolunteerTotal.peak_signed_samples_per_second > 0,
-                )
-                .order_by(VolunteerTotal.peak_signed_samples_per_second.desc())
-                .limit(self.SCAN)
-            )
+            fastest_rows = self.session.execute(_FASTEST, {"experiment_id": self.experiment_id, "scan": self.SCAN})
             for peak, user_id, classes in fastest_rows:
                 for each in classes:
                     leaders = self._leaders.setdefault(each, [])
