@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from swarmhub.worker.protocol import DeviceCode, TokenResponse
 
 from . import accounts, security
-from .errors import BadRequest, NotFound
+from .errors import NotFound
 from .models import DeviceAuthorization, User, utcnow
 
 POLL_INTERVAL = 5
@@ -65,7 +65,7 @@ def poll(session: Session, device_code: str) -> TokenResponse | str:
         select(DeviceAuthorization).where(DeviceAuthorization.device_code_hash == security.token_hash(device_code))
     )
     if grant is None:
-        raise BadRequest("invalid device_code", field="device_code")
+        return "invalid_grant"  # RFC 8628 section 3.5 / RFC 6749 section 5.2: a code this server never issued
     now = utcnow()
     if grant.expires_at <= now or grant.status == "consumed":
         return "expired_token"

@@ -89,6 +89,8 @@ def test_device_page_needs_login(client):
 def test_unknown_device_code(client):
     response = client.post("/api/auth/device/token", json={"device_code": "made-up"})
     assert response.status_code == 400
+    # RFC 6749 section 5.2's code, so that any OAuth client stops polling, and the field, as every 4xx here
+    assert response.json()["error"] == "invalid_grant"
     assert response.json()["field"] == "device_code"
 
 

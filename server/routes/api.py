@@ -136,7 +136,11 @@ def device_token(
         return JSONResponse({"error": "unsupported_grant_type"}, status_code=400, headers=NO_STORE)
     result = device.poll(session, body.device_code)
     if isinstance(result, str):
-        return JSONResponse({"error": result}, status_code=400, headers=NO_STORE)
+        error: dict[str, str] = {"error": result}
+        if result == "invalid_grant":  # with the wrong field named, as every 4xx of this API
+            message = "unknown device_code: run `swarmhub login` again"
+            error.update(error_description=message, detail=message, field="device_code")
+        return JSONResponse(error, status_code=400, headers=NO_STORE)
     return result
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
+from functools import cache
 from importlib import import_module
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -119,11 +120,18 @@ def _load(target: str) -> type[Task]:
     return getattr(import_module(module_name), attr)
 
 
+@cache
+def _installed() -> tuple[tuple[str, str], ...]:
+    # Reading the entry points scans every installed package's metadata (milliseconds; the server asks on every
+    # dashboard snapshot), so a process reads them once: a plugin installed later is seen after a restart.
+    return tuple((ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
 def available_tasks() -> dict[str, str]:
-    """Task name to import target, built-ins first, then installed plugins."""
+    """Task name to import target, built-ins first, then the plugins installed when the process first asked."""
     found = dict(_BUILTIN)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep.value)
+    for name, target in _installed():
+        found.setdefault(name, target)
     return found
 
 
