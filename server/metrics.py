@@ -744,30 +744,40 @@ def _flags(experiment: Experiment, row: TotalRow, references: _ClassReferences) 
     return flags
 
 
-def summary(session: Session, experiment: Experiment, window_seconds: int, swarm_peers: int | None = None) -> Summary:
-    """The experiment's running totals, and the workers that reported within the window (an index range)."""
-    since = _active_since(window_seconds)
-    totals = session.get(ExperimentTotal, experiment.id)
-    active, rate, loss_sum, losses = (
-        session.execute(
-            select(
-                func.count(),
-                func.coalesce(func.sum(WorkerRun.samples_per_second), 0.0),
-                func.coalesce(func.sum(WorkerRun.loss), 0.0),
-                func.count(WorkerRun.loss),
-            ).where(WorkerRun.experiment_id == experiment.id, WorkerRun.last_seen_at >= since)
+def _summary_statement() -> Select[Any]:
+    run, totals = _RUNS.c, _TOTALS.c
+    experiment_id = bindparam("experiment_id", type_=Integer)
+    active = (
+        select(
+            func.count().label("active"),
+            func.coalesce(func.sum(run.samples_per_second), 0.0).label("rate"),
+            func.coalesce(func.sum(run.loss), 0.0).label("loss_sum"),
+            func.count(run.loss).label("losses"),
         )
-        .tuples()
-        .one()
+        .where(run.experiment_id == experiment_id, run.last_seen_at >= bindparam("since"))
+        .subquery()
     )
+    # the active runs' sums (one row), and the experiment's totals beside them where there are any yet
+    return select(active, totals.claimed_samples, totals.verified_samples, totals.worker_epoch).select_from(
+        active.outerjoin(_TOTALS, totals.experiment_id == experiment_id)
+    )
+
+
+_SUMMARY = _summary_statement()
+
+
+def summary(session: Session, experiment: Experiment, window_seconds: int, swarm_peers: int | None = None) -> Summary:
+    """The experiment's running totals, and the workers that reported within the window (an index range), in
+    one statement."""
+    row = session.execute(_SUMMARY, {"experiment_id": experiment.id, "since": _active_since(window_seconds)}).one()
     return Summary(
         status=experiment.status,
-        active_peers=int(active),
-        total_samples=totals.claimed_samples if totals is not None else 0,
-        verified_samples=totals.verified_samples if totals is not None else 0,
-        samples_per_second=round(float(rate), 2),
-        epoch=totals.worker_epoch if totals is not None else 0,
-        loss=round(float(loss_sum or 0.0) / int(losses), 6) if losses else None,
+        active_peers=int(row.active),
+        total_samples=row.claimed_samples or 0,
+        verified_samples=row.verified_samples or 0,
+        samples_per_second=round(float(row.rate), 2),
+        epoch=row.worker_epoch or 0,
+        loss=round(float(row.loss_sum or 0.0) / int(row.losses), 6) if row.losses else None,
         swarm_peers=swarm_peers,
     )
 
