@@ -18,7 +18,6 @@ from sqlalchemy import (
     Row,
     Select,
     String,
-    Subquery,
     Table,
     Text,
     TypeDecorator,
@@ -529,54 +528,85 @@ def _rank_order(columns: Any) -> list[Any]:
     return [columns.verified_samples.desc(), columns.claimed_samples.desc(), columns.sort_name, columns.user_id]
 
 
-def _ranked() -> Select[Any]:
-    """The board's rows in rank order, as their rank keys only: every column is one of ix_volunteer_totals_rank's,
-    so that a range of it (and an offset's walk to one) reads the index alone, not the table."""
+# What a page's rows carry: the entry's columns, and for the organizer's flags the peaks, classes and epochs too
+# (the device classes are JSON, decoded per row: only read where used).
+_ENTRY_COLUMNS = (
+    "user_id",
+    "sort_name",
+    "verified_samples",
+    "pending_samples",
+    "claimed_samples",
+    "online_seconds",
+    "last_report_at",
+    "last_signed_at",
+)
+_FLAG_COLUMNS = (
+    *_ENTRY_COLUMNS,
+    "epochs",
+    "device_classes",
+    "peak_claimed_samples_per_second",
+    "peak_signed_samples_per_second",
+)
+# An offset from here on walks the index alone to the page (an index-only scan of the rank keys), then reads
+# the page's rows; below it, reading the rows as the index gives them is cheaper than the second lookup.
+KEYS_ONLY_FROM = 500
+
+
+def _page_statement(kind: str, with_flags: bool) -> Select[Any]:
+    """A page in one statement, of one kind: ``top`` (``limit`` rows from a small ``offset``), ``deep`` (from a
+    large one) or ``after`` (after a cursor: ``verified``, ``claimed``, ``sort_name``, ``user_id``). Then for the
+    page's rows only their names and current rates (a rate is a worker's while it reports: the sum over the
+    volunteer's runs seen since ``since``), and the experiment's totals beside every row. Built once per kind
+    (its values are bound parameters), so a request does not build a statement."""
     volunteer = _VOLUNTEERS.c
-    return (
-        select(volunteer.user_id, volunteer.verified_samples, volunteer.claimed_samples, volunteer.sort_name)
-        .where(volunteer.experiment_id == bindparam("experiment_id", type_=Integer))
-        .order_by(*_rank_order(volunteer))
-    )
-
-
-def _page_keys(by_cursor: bool) -> Subquery:
-    """The rank keys of a page: ``limit`` rows from ``offset``, or after a cursor (``verified``, ``claimed``,
-    ``sort_name``, ``user_id``). The board's order mixes descending totals with ascending names, so "after" is no
-    single index range; it is three, each read up to ``limit`` rows, and the page is the first ``limit`` of them
-    in order: the same totals and a later name, the same verified samples and fewer claimed, then fewer
-    verified."""
-    limit = bindparam("limit", type_=Integer)
-    if not by_cursor:
-        return _ranked().limit(limit).offset(bindparam("offset", type_=Integer)).subquery("page")
-    total = _VOLUNTEERS.c
-    verified, claimed = bindparam("verified", type_=BigInteger), bindparam("claimed", type_=BigInteger)
-    later = tuple_(total.sort_name, total.user_id) > tuple_(
-        bindparam("sort_name", type_=total.sort_name.type), bindparam("user_id", type_=Integer)
-    )
-    ranges = [
-        (total.verified_samples == verified, total.claimed_samples == claimed, later),
-        (total.verified_samples == verified, total.claimed_samples < claimed),
-        (total.verified_samples < verified,),
-    ]
-    parts = [_ranked().where(*condition).limit(limit).subquery() for condition in ranges]
-    rows = union_all(*(select(part) for part in parts)).subquery("after")
-    return select(rows).order_by(*_rank_order(rows.c)).limit(limit).subquery("page")
-
-
-def _page_statement(by_cursor: bool, with_flags: bool) -> Select[Any]:
-    """A page in one statement: its rank keys, then for those rows only their totals, names and current rates,
-    and the experiment's totals beside every row. A rate is a worker's while it reports: the sum over the
-    volunteer's runs seen since ``since``. Built once per kind of page (its values are bound parameters), so a
-    request neither builds nor compiles it."""
-    page = _page_keys(by_cursor)
     experiment_id = bindparam("experiment_id", type_=Integer)
-    volunteer, run, totals = _VOLUNTEERS.c, _RUNS.c, _TOTALS.c
+    limit, offset = bindparam("limit", type_=Integer), bindparam("offset", type_=Integer)
+    names = _FLAG_COLUMNS if with_flags else _ENTRY_COLUMNS
+
+    def ranked(*columns: Any) -> Select[Any]:  # the order of ix_volunteer_totals_rank: a range of the index
+        return select(*columns).where(volunteer.experiment_id == experiment_id).order_by(*_rank_order(volunteer))
+
+    if kind == "deep":
+        # rank keys only (every column one of the index's), then the page's rows by their primary key
+        page = (
+            ranked(volunteer.user_id, volunteer.verified_samples, volunteer.claimed_samples, volunteer.sort_name)
+            .limit(limit)
+            .offset(offset)
+            .subquery("page")
+        )
+        columns: list[Any] = [volunteer[name] for name in names]
+        source: Any = page.join(
+            _VOLUNTEERS, and_(volunteer.experiment_id == experiment_id, volunteer.user_id == page.c.user_id)
+        )
+    else:
+        rows = [volunteer[name] for name in names]
+        if kind == "top":
+            page = ranked(*rows).limit(limit).offset(offset).subquery("page")
+        else:
+            # The board's order mixes descending totals with ascending names, so "after" is no single index
+            # range; it is three, each read up to ``limit`` rows, merged in order: the same totals and a later
+            # name, the same verified samples and fewer claimed, then fewer verified.
+            verified, claimed = bindparam("verified", type_=BigInteger), bindparam("claimed", type_=BigInteger)
+            later = tuple_(volunteer.sort_name, volunteer.user_id) > tuple_(
+                bindparam("sort_name", type_=volunteer.sort_name.type), bindparam("user_id", type_=Integer)
+            )
+            ranges = [
+                (volunteer.verified_samples == verified, volunteer.claimed_samples == claimed, later),
+                (volunteer.verified_samples == verified, volunteer.claimed_samples < claimed),
+                (volunteer.verified_samples < verified,),
+            ]
+            parts = [ranked(*rows).where(*condition).limit(limit).subquery() for condition in ranges]
+            merged = union_all(*(select(part) for part in parts)).subquery("after")
+            page = select(merged).order_by(*_rank_order(merged.c)).limit(limit).subquery("page")
+        columns = [page.c[name] for name in names]
+        source = page
+    run, totals = _RUNS.c, _TOTALS.c
     rate = select(func.sum(run.samples_per_second)).where(
         run.experiment_id == experiment_id, run.user_id == page.c.user_id, run.last_seen_at >= bindparam("since")
     )
     # scalar subqueries: a value (or null) even before the experiment has totals
-    columns = [
+    columns += [
+        _USERS.c.username,
         rate.scalar_subquery().label("rate"),
         select(totals.verified_samples)
         .where(totals.experiment_id == experiment_id)
@@ -587,17 +617,11 @@ def _page_statement(by_cursor: bool, with_flags: bool) -> Select[Any]:
         peaks = select(cast_(totals.signed_peaks, Text)).where(totals.experiment_id == experiment_id)
         columns.append(peaks.scalar_subquery().label("signed_peaks"))
     return (
-        select(*(c for c in volunteer if c.name != "experiment_id"), _USERS.c.username, *columns)
-        .select_from(page)
-        .join(_VOLUNTEERS, and_(volunteer.experiment_id == experiment_id, volunteer.user_id == page.c.user_id))
-        .join(_USERS, _USERS.c.id == page.c.user_id)
-        .order_by(*_rank_order(page.c))
+        select(*columns).select_from(source).join(_USERS, _USERS.c.id == page.c.user_id).order_by(*_rank_order(page.c))
     )
 
 
-_PAGES = {
-    (by_cursor, flags): _page_statement(by_cursor, flags) for by_cursor in (False, True) for flags in (False, True)
-}
+_PAGES = {(kind, flags): _page_statement(kind, flags) for kind in ("top", "deep", "after") for flags in (False, True)}
 
 
 def leaderboard(
@@ -633,12 +657,14 @@ def leaderboard_page(
     since = _active_since(window_seconds)
     params: dict[str, Any] = {"experiment_id": experiment.id, "since": since, "limit": limit + 1}
     if after is not None:
+        kind = "after"
         params.update(verified=after.verified, claimed=after.claimed, sort_name=after.sort_name, user_id=after.user_id)
         first_rank = after.rank + 1
     else:
+        kind = "deep" if offset >= KEYS_ONLY_FROM else "top"
         params["offset"] = offset
         first_rank = offset + 1
-    rows = session.execute(_PAGES[after is not None, with_flags], params).all()
+    rows = session.execute(_PAGES[kind, with_flags], params).all()
     more, rows = len(rows) > limit, rows[:limit]
     if not rows:
         return LeaderboardPage(entries=[], next_cursor=None)
@@ -827,9 +853,8 @@ def series(session: Session, experiment: Experiment, now: datetime | None = None
         _SERIES_BUCKETS, {"experiment_id": experiment.id, "width": width, "start": last - SERIES_POINTS * width}
     ).all()
     clock = (now or utcnow()).timestamp()
-    # Values this function computed from typed columns: built without a second validation.
     return [
-        SeriesPoint.model_construct(
+        SeriesPoint(
             t=float(start),
             loss=round(loss_sum / reports, 6),
             # A bucket still filling is divided by its elapsed part (at least a second), not its whole width.

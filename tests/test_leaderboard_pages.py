@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from swarmhub.server.models import VolunteerTotal
+from swarmhub.server import metrics
+from swarmhub.server.models import User, VolunteerTotal
 
 from .conftest import make_experiment, make_user
 
@@ -118,3 +119,48 @@ def test_bad_cursors_are_refused_with_the_field_named(client, board):
     both = client.get(board, params={"cursor": cursor, "offset": 2})
     assert both.status_code == 400 and both.json()["field"] == "offset"
     assert client.get(board, params={"cursor": "x" * 201}).status_code == 422
+
+
+def test_deep_offsets_read_the_same_pages_as_the_first_ones(client, db):
+    """From ``metrics.KEYS_ONLY_FROM`` on, an offset walks the index's rank keys alone and reads the page's rows
+    after: the pages around that switch, far past it and with the organizer's flags equal the board's order."""
+    deep = metrics.KEYS_ONLY_FROM
+    owner = make_user(db, "olga")
+    experiment = make_experiment(db, owner, slug="wide", status="running")
+    count = deep + 150
+    with db.begin() as session:  # users written directly: hashing a password for each would take minutes
+        users = [User(username=f"v{i:04d}", password_hash="-", is_admin=False) for i in range(count)]
+        session.add_all(users)
+        session.flush()
+        for i, user in enumerate(users):  # ties on verified and claimed, names out of id order
+            session.add(
+                VolunteerTotal(
+                    experiment_id=experiment.id,
+                    user_id=user.id,
+                    sort_name=f"v{(i * 7919) % count:04d}",
+                    verified_samples=(i % 37) * 10,
+                    claimed_samples=(i % 5) * 3,
+                )
+            )
+    with db() as session:
+        totals = session.query(VolunteerTotal).filter_by(experiment_id=experiment.id).all()
+        names = {user.id: user.username for user in session.query(User)}
+        order = [
+            names[t.user_id]
+            for t in sorted(totals, key=lambda t: (-t.verified_samples, -t.claimed_samples, t.sort_name, t.user_id))
+        ]
+        exp = session.merge(experiment)
+        for offset in (0, deep - 60, deep - 1, deep, deep + 1, count - 30):
+            for with_flags in (False, True):
+                page = metrics.leaderboard_page(session, exp, 30, limit=60, offset=offset, with_flags=with_flags)
+                assert [e.username for e in page.entries] == order[offset : offset + 60], (offset, with_flags)
+                assert [e.rank for e in page.entries] == list(range(offset + 1, offset + 1 + len(page.entries)))
+                assert all((e.flags is not None) == with_flags for e in page.entries)
+                assert (page.next_cursor is None) == (offset + 60 >= count)
+    # the API's pages by offset (deep ones included) are the same rows as following its cursors
+    path = "/api/experiments/wide/leaderboard"
+    by_cursor = list(itertools.chain.from_iterable(follow(client, path, 200)))
+    assert [r["username"] for r in by_cursor] == order
+    for offset in (deep - 1, deep + 7):
+        response = client.get(path, params={"limit": 100, "offset": offset})
+        assert response.json() == by_cursor[offset : offset + 100]
