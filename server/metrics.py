@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Annotated, Any, NamedTuple, cast
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
@@ -600,6 +601,8 @@ def _page_statement(kind: str, with_flags: bool) -> Select[Any]:
             page = select(merged).order_by(*_rank_order(merged.c)).limit(limit).subquery("page")
         columns = [page.c[name] for name in names]
         source = page
+    # as text, decoded through a cache: a board holds a few distinct sets of classes, not one per row
+    columns = [cast_(c, Text).label(c.name) if c.name == "device_classes" else c for c in columns]
     run, totals = _RUNS.c, _TOTALS.c
     rate = select(func.sum(run.samples_per_second)).where(
         run.experiment_id == experiment_id, run.user_id == page.c.user_id, run.last_seen_at >= bindparam("since")
@@ -695,9 +698,19 @@ def leaderboard_page(
     return LeaderboardPage(entries=board, next_cursor=next_cursor)
 
 
+@lru_cache(maxsize=4096)
+def device_classes_of(text: str | None) -> tuple[str, ...]:
+    """A volunteer's device classes, sorted, from the column's JSON text."""
+    return tuple(sorted(json.loads(text))) if text else ()
+
+
 # The fastest signed rates here, through ix_volunteer_totals_signed_peak
 _FASTEST = (
-    select(_VOLUNTEERS.c.peak_signed_samples_per_second, _VOLUNTEERS.c.user_id, _VOLUNTEERS.c.device_classes)
+    select(
+        _VOLUNTEERS.c.peak_signed_samples_per_second,
+        _VOLUNTEERS.c.user_id,
+        cast_(_VOLUNTEERS.c.device_classes, Text),
+    )
     .where(
         _VOLUNTEERS.c.experiment_id == bindparam("experiment_id", type_=Integer),
         _VOLUNTEERS.c.peak_signed_samples_per_second > 0,
@@ -730,7 +743,7 @@ class _ClassReferences:
             self._leaders = {}
             fastest_rows = self.session.execute(_FASTEST, {"experiment_id": self.experiment_id, "scan": self.SCAN})
             for peak, user_id, classes in fastest_rows:
-                for each in classes:
+                for each in device_classes_of(classes):
                     leaders = self._leaders.setdefault(each, [])
                     if len(leaders) < 2:
                         leaders.append((peak, user_id))
@@ -752,7 +765,7 @@ def _flags(experiment: Experiment, row: TotalRow, references: _ClassReferences) 
             "the rest never reached an averaging round"
         )
     claimed, signed = row.peak_claimed_samples_per_second, row.peak_signed_samples_per_second
-    classes = sorted(row.device_classes)
+    classes = device_classes_of(row.device_classes)
     for cls in classes:
         fastest = references.fastest.get(cls, 0.0)
         if fastest > 0 and claimed > THROUGHPUT_FACTOR * fastest:
