@@ -1,8 +1,9 @@
-"""The leaderboard's pages of this checkout against those of another commit, side by side on one kept build.
+"""The leaderboard's pages, the summary and the series of this checkout against another commit's, side by side on
+one kept build.
 
 ``bench/queries.py`` times one version of the code, and this shared machine's speed drifts by up to 2x within an
 hour, so two of its runs do not compare two versions. This loads ``server/metrics.py`` of ``--baseline`` (a
-commit) beside the checkout's, checks that both give the same pages, and times them interleaved (alternating
+commit) beside the checkout's, checks that both give the same results, and times them interleaved (alternating
 which goes first), each call in its own session as a request has. Needs the database a
 ``bench/queries.py --keep`` run left.
 
@@ -19,14 +20,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from swarmhub.server import metrics
 from swarmhub.server.db import make_engine, make_sessionmaker
-from swarmhub.server.models import Experiment
+from swarmhub.server.models import Experiment, utcnow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from queries import ROOT, WINDOW, p95  # noqa: E402
@@ -59,31 +63,39 @@ def main() -> None:
         experiment = session.scalars(select(Experiment).where(Experiment.slug == "bench")).one()
         session.expunge(experiment)
 
-    def page(module: Any, **kwargs: Any) -> Any:
-        with db() as session:
-            return module.leaderboard_page(session, session.merge(experiment, load=False), WINDOW, **kwargs)
-
     with db() as session:  # the cursor of rank 50,010, as bench/queries.py's deep page
         handover = metrics.leaderboard_page(
             session, session.merge(experiment, load=False), WINDOW, limit=1, offset=50_009
         )
     assert handover.next_cursor is not None
-    cases = {
-        "first page (100)": {},
-        "organizer's (flags)": {"with_flags": True},
-        "deep page (cursor after rank 50,010)": {"after": metrics.Cursor.decode(handover.next_cursor)},
+    after = metrics.Cursor.decode(handover.next_cursor)
+    now = utcnow()  # the series' clock, the same for both versions
+    cases: dict[str, Callable[[Any, Session, Experiment], Any]] = {
+        "first page (100)": lambda m, s, e: m.leaderboard_page(s, e, WINDOW),
+        "organizer's (flags)": lambda m, s, e: m.leaderboard_page(s, e, WINDOW, with_flags=True),
+        "deep page (cursor after rank 50,010)": lambda m, s, e: m.leaderboard_page(s, e, WINDOW, after=after),
+        "deepest offset page (offset 10,000)": lambda m, s, e: m.leaderboard_page(s, e, WINDOW, offset=10_000),
+        "deep page (offset 50,010)": lambda m, s, e: m.leaderboard_page(s, e, WINDOW, offset=50_010),
+        "summary": lambda m, s, e: m.summary(s, e, WINDOW),
+        "series": lambda m, s, e: m.series(s, e, now),
     }
+
+    def call(module: Any, case: Callable[[Any, Session, Experiment], Any]) -> Any:
+        with db() as session:
+            result = case(module, session, session.merge(experiment, load=False))
+        return result.model_dump() if isinstance(result, BaseModel) else [item.model_dump() for item in result]
+
     print(f"baseline {args.baseline} against this checkout, {args.runs} interleaved calls each")
-    print("| page | baseline median / p95 ms | checkout median / p95 ms | speed-up (medians) |")
+    print("| query | baseline median / p95 ms | checkout median / p95 ms | speed-up (medians) |")
     print("| --- | ---: | ---: | ---: |")
-    for name, kwargs in cases.items():
-        assert page(old, **kwargs).model_dump() == page(metrics, **kwargs).model_dump(), f"{name}: pages differ"
+    for name, case in cases.items():
+        assert call(old, case) == call(metrics, case), f"{name}: the versions' results differ"
         times: dict[str, list[float]] = {"old": [], "new": []}
         for i in range(args.runs):
             order = [("old", old), ("new", metrics)]
             for label, module in order if i % 2 else reversed(order):
                 started = time.perf_counter()
-                page(module, **kwargs)
+                call(module, case)
                 times[label].append((time.perf_counter() - started) * 1000)
         (a, b) = (statistics.median(times["old"]), statistics.median(times["new"]))
         print(f"| {name} | {a:.1f} / {p95(times['old']):.1f} | {b:.1f} / {p95(times['new']):.1f} | {a / b:.2f}x |")

@@ -479,6 +479,9 @@ SIGNED_FACTOR = 10.0
 
 LEADERBOARD_LIMIT = 100  # rows of a page unless asked otherwise; what dashboards show
 LEADERBOARD_MAX_LIMIT = 1000
+# The API serves offsets up to here; deeper pages follow the cursor. An offset page walks the board's index up to
+# it, so its cost grows with the offset (a cursor page's does not): the window bounds every page's cost.
+LEADERBOARD_MAX_OFFSET = 10_000
 
 
 def device_class(device: str) -> str:

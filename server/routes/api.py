@@ -301,14 +301,23 @@ def leaderboard(
     request: Request,
     response: Response,
     limit: Annotated[int, Query(ge=1, le=metrics.LEADERBOARD_MAX_LIMIT)] = metrics.LEADERBOARD_LIMIT,
-    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+    offset: Annotated[
+        int, Query(ge=0, le=2**31 - 1, description=f"At most {metrics.LEADERBOARD_MAX_OFFSET:,}; page deeper by cursor")
+    ] = 0,
     cursor: Annotated[str | None, Query(max_length=200, description="The Next-Cursor of the previous page")] = None,
 ) -> list[metrics.LeaderboardEntry]:
     """One page of the leaderboard; ``rank`` is the place on the whole board. Page on with the ``Next-Cursor``
-    header (a page's cost stays the page's however deep); ``offset`` still works, at a cost that grows with it."""
+    header (a page's cost stays the page's however deep); ``offset`` serves the first 10,000 rows, at a cost that
+    grows with it."""
     after = metrics.Cursor.decode(cursor) if cursor is not None else None
     if after is not None and offset:
         raise BadRequest("give cursor or offset, not both", field="offset")
+    if offset > metrics.LEADERBOARD_MAX_OFFSET:
+        raise BadRequest(
+            f"offsets stop at {metrics.LEADERBOARD_MAX_OFFSET:,}: page deeper with the cursor in each page's "
+            "Next-Cursor header (?cursor=)",
+            field="offset",
+        )
     experiment = experiments.get_visible(session, slug, user)
     with_flags = user is not None and experiments.can_manage(experiment, user)
     page = metrics.leaderboard_page(
