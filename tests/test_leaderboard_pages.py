@@ -118,7 +118,7 @@ def test_bad_cursors_are_refused_with_the_field_named(client, board):
         assert bad.status_code == 400 and bad.json()["field"] == "cursor", params
     both = client.get(board, params={"cursor": cursor, "offset": 2})
     assert both.status_code == 400 and both.json()["field"] == "offset"
-    # offsets stop where a page by offset would cost more than a page: deeper pages follow the cursor
+    # offsets stop at the window (a page by offset costs a walk up to it): deeper pages follow the cursor
     window = metrics.LEADERBOARD_MAX_OFFSET
     assert client.get(board, params={"offset": window}).json() == []
     too_deep = client.get(board, params={"offset": window + 1})

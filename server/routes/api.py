@@ -307,8 +307,8 @@ def leaderboard(
     cursor: Annotated[str | None, Query(max_length=200, description="The Next-Cursor of the previous page")] = None,
 ) -> list[metrics.LeaderboardEntry]:
     """One page of the leaderboard; ``rank`` is the place on the whole board. Page on with the ``Next-Cursor``
-    header (a page's cost stays the page's however deep); ``offset`` serves the first 10,000 rows, at a cost that
-    grows with it."""
+    header (a page's cost stays the page's however deep); ``offset`` goes up to 10,000, at a cost that grows with
+    it."""
     after = metrics.Cursor.decode(cursor) if cursor is not None else None
     if after is not None and offset:
         raise BadRequest("give cursor or offset, not both", field="offset")
