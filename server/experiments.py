@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
-from sqlalchemy import delete, or_, select
+from sqlalchemy import delete, func, or_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from swarmhub.worker import swarm_tokens
@@ -26,8 +33,17 @@ from swarmhub.worker.protocol import (
 from swarmhub.worker.tasks import UnknownTask, get_task
 
 from .accounts import USERNAME_RE, user_named
-from .errors import BadRequest, Conflict, Forbidden, NotFound, Removed
-from .models import Corpus, Experiment, ExperimentBan, ExperimentMember, User, WorkerRun
+from .errors import BadRequest, Conflict, Forbidden, NotFound, Removed, TooManyRequests
+from .models import (
+    Corpus,
+    Experiment,
+    ExperimentBan,
+    ExperimentMember,
+    SwarmPeerKey,
+    User,
+    WorkerRun,
+    utcnow,
+)
 from .security import StoredText
 
 # Which status an action moves an experiment to, and from which statuses it may.
@@ -37,6 +53,10 @@ TRANSITIONS: dict[str, tuple[set[ExperimentStatus], ExperimentStatus]] = {
     "finish": ({ExperimentStatus.draft, ExperimentStatus.running, ExperimentStatus.paused}, ExperimentStatus.finished),
 }
 TRAINING_FIELDS = tuple(TrainingSettings.model_fields)
+# hivemind's own peer identities are RSA-2048; a shorter key is within reach of factoring, and whoever factors a
+# volunteer's key can act as that peer with the token the server signed for it.
+MIN_PEER_KEY_BITS = 2048
+DEFAULT_MAX_PEERS_PER_VOLUNTEER = 4
 
 
 def _check_task_params(task: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -69,6 +89,12 @@ class ExperimentFields(TrainingSettings):
         le=10_080,
         description="How often the server saves the swarm's model and measures its held-out loss "
         "(tasks that keep checkpoints)",
+    )
+    max_peers_per_volunteer: int = Field(
+        default=DEFAULT_MAX_PEERS_PER_VOLUNTEER,
+        ge=1,
+        le=64,
+        description="How many peers one volunteer may run in the swarm at once: peer keys with a valid swarm token",
     )
 
     @field_validator("allowlist", mode="before")
@@ -135,6 +161,7 @@ class ExperimentUpdate(BaseModel):
     overlap: Overlap | None = None
     aux_peer: bool | None = None
     checkpoint_minutes: float | None = None
+    max_peers_per_volunteer: int | None = None
     join_policy: JoinPolicy | None = None
     allowlist: list[str] | str | None = None
 
@@ -149,6 +176,7 @@ class ExperimentPublic(ExperimentSummary):
     overlap: Overlap
     aux_peer: bool
     checkpoint_minutes: float
+    max_peers_per_volunteer: int
     join_policy: JoinPolicy
     updated_at: datetime
 
@@ -174,6 +202,7 @@ def to_public(experiment: Experiment) -> ExperimentPublic:
         overlap=Overlap(experiment.overlap),
         aux_peer=experiment.aux_peer,
         checkpoint_minutes=experiment.checkpoint_minutes,
+        max_peers_per_volunteer=experiment.max_peers_per_volunteer,
         join_policy=JoinPolicy(experiment.join_policy),
         created_at=experiment.created_at,
         updated_at=experiment.updated_at,
@@ -285,6 +314,7 @@ def update(session: Session, experiment: Experiment, data: ExperimentUpdate) -> 
             "allowlist",
             "aux_peer",
             "checkpoint_minutes",
+            "max_peers_per_volunteer",
             *TRAINING_FIELDS,
         )
     }
@@ -333,24 +363,153 @@ def start_worker_run(session: Session, experiment: Experiment, user: User, devic
     return worker
 
 
+@dataclass(frozen=True)
+class PeerKey:
+    """A peer's RSA public key, as its swarm token binds it (OpenSSH text), and its hivemind peer ID."""
+
+    text: str
+    peer_id: str
+
+
+def peer_key(text: str) -> PeerKey:
+    """``text`` as a peer key, or 400 naming ``peer_public_key``: an RSA public key of at least 2048 bits."""
+    try:
+        key = serialization.load_ssh_public_key(text.encode())
+    except (ValueError, UnsupportedAlgorithm):
+        key = None
+    if not isinstance(key, rsa.RSAPublicKey):
+        raise BadRequest("peer_public_key is not an RSA public key", field="peer_public_key")
+    if key.key_size < MIN_PEER_KEY_BITS:
+        raise BadRequest(
+            f"peer_public_key is a {key.key_size}-bit RSA key: a peer's key needs at least {MIN_PEER_KEY_BITS} bits "
+            "(swarmhub's worker makes one: `pip install -U swarmhub`)",
+            field="peer_public_key",
+        )
+    return PeerKey(text=text, peer_id=swarm_tokens.peer_id_for_public_key(text.encode()))
+
+
+def check_peer_key(session: Session, experiment: Experiment, user: User, peer_public_key: str) -> PeerKey:
+    """Raise as :func:`swarm_token` would for this key now (400, 409, 429), without admitting it. Reads only."""
+    key = peer_key(peer_public_key)
+    now = utcnow()
+    held = session.scalar(_held_key(experiment, key))
+    if held is not None and held.user_id != user.id:
+        raise _taken(experiment)
+    if held is None or held.expires_at <= now:
+        _check_room(session, experiment, user, key, now)
+    return key
+
+
 def swarm_token(
     session: Session, experiment: Experiment, user: User, peer_public_key: str, lifetime: timedelta
 ) -> SwarmToken:
-    """Admit one peer key of ``user`` to the experiment's swarm for ``lifetime`` (running experiments only)."""
+    """Admit one peer key of ``user`` to the experiment's swarm for ``lifetime`` (running experiments only).
+
+    A key the volunteer holds a valid token for is renewed. A new key, or one whose token expired, is admitted
+    only while the volunteer holds valid tokens for fewer keys than the experiment's ``max_peers_per_volunteer``
+    (else 429, with Retry-After: when the first of them expires). Refused with the field named: a key that is not
+    RSA of at least 2048 bits (400), a key another volunteer holds in this experiment (409)."""
     _check_may_join(session, experiment, user)
     if experiment.status != ExperimentStatus.running:
         raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
+    key = peer_key(peer_public_key)
     try:
         token = swarm_tokens.sign_token(
             swarm_tokens.signing_key_from_text(experiment.signing_key),
             run_id(experiment),
             user.username,
-            peer_public_key.encode(),
+            key.text.encode(),
             lifetime,
         )
     except ValueError:
         raise BadRequest("peer_public_key is not an RSA public key", field="peer_public_key") from None
+    expires_at = swarm_tokens.parse_expiry(token.expiration_time)
+    assert expires_at is not None  # sign_token writes the format parse_expiry reads
+    _admit(session, experiment, user, key, expires_at)
     return SwarmToken(**swarm_tokens.token_to_wire(token))
+
+
+def _admit(session: Session, experiment: Experiment, user: User, key: PeerKey, expires_at: datetime) -> None:
+    """Record that ``key`` is ``user``'s and valid until ``expires_at``, if it may be (see :func:`swarm_token`)."""
+    now = utcnow()
+    # One volunteer's admissions one at a time, so that two requests at once cannot both take the last free slot.
+    # PostgreSQL: a lock on the volunteer's row until the transaction ends (NO KEY UPDATE: rows that refer to the
+    # user can still be written). SQLite has no row locks, but its one writer lock is taken by the first write, and
+    # a new key's row is written below before the volunteer's keys are counted.
+    session.execute(select(User.id).where(User.id == user.id).with_for_update(key_share=True))
+    held = session.scalar(_held_key(experiment, key))
+    if held is None:
+        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        stored = session.scalar(
+            insert(SwarmPeerKey)
+            .values(
+                experiment_id=experiment.id,
+                user_id=user.id,
+                peer_id=key.peer_id,
+                public_key=key.text,
+                first_issued_at=now,
+                expires_at=expires_at,
+            )
+            .on_conflict_do_nothing(index_elements=["experiment_id", "peer_id"])
+            .returning(SwarmPeerKey.id)
+        )
+        if stored is not None:
+            try:
+                _check_room(session, experiment, user, key, now)
+            except TooManyRequests:
+                session.execute(delete(SwarmPeerKey).where(SwarmPeerKey.id == stored))
+                raise
+            return
+        held = session.scalars(_held_key(experiment, key)).one()  # a request at the same time stored it first
+    if held.user_id != user.id:
+        raise _taken(experiment)
+    previous, held.expires_at = held.expires_at, expires_at
+    session.flush()
+    if previous <= now:  # an expired key comes back: it needs a free slot, as a new one does
+        try:
+            _check_room(session, experiment, user, key, now)
+        except TooManyRequests:
+            held.expires_at = previous
+            session.flush()
+            raise
+
+
+def _held_key(experiment: Experiment, key: PeerKey) -> Any:
+    stmt = select(SwarmPeerKey).where(SwarmPeerKey.experiment_id == experiment.id, SwarmPeerKey.peer_id == key.peer_id)
+    return stmt.execution_options(populate_existing=True)
+
+
+def _taken(experiment: Experiment) -> Conflict:
+    return Conflict(
+        f"this peer key was issued to another volunteer of {experiment.slug!r}: every volunteer's peers need keys "
+        "of their own",
+        field="peer_public_key",
+    )
+
+
+def _check_room(session: Session, experiment: Experiment, user: User, key: PeerKey, now: datetime) -> None:
+    """429 unless ``user`` holds valid tokens for fewer keys than the experiment allows, ``key`` aside."""
+    count, first_expiry = session.execute(
+        select(func.count(), func.min(SwarmPeerKey.expires_at)).where(
+            SwarmPeerKey.user_id == user.id,
+            SwarmPeerKey.experiment_id == experiment.id,
+            SwarmPeerKey.expires_at > now,
+            SwarmPeerKey.peer_id != key.peer_id,
+        )
+    ).one()
+    limit = experiment.max_peers_per_volunteer
+    if count < limit:
+        return
+    # 429, not 403: the volunteer may run another peer once one of theirs stops renewing its token, at a time the
+    # server knows (Retry-After), and clients treat 429 as "later" where 403 means "never".
+    seconds = max(1, math.ceil((first_expiry - now).total_seconds()))
+    raise TooManyRequests(
+        f"you already run {count} peer{'s' if count != 1 else ''} in {experiment.slug!r}, and its organizer allows "
+        f"{limit} per volunteer (max_peers_per_volunteer): stop one of your peers or wait for its token to expire "
+        f"at {swarm_tokens.format_expiry(first_expiry)}",
+        field="peer_public_key",
+        headers={"Retry-After": str(seconds)},
+    )
 
 
 def experiment_public_key(experiment: Experiment) -> str:

@@ -139,6 +139,9 @@ class Experiment(Base):
     aux_peer: Mapped[bool] = mapped_column(Boolean, default=False)  # the server runs an auxiliary peer
     # How often the server's checkpoint peer saves the swarm's model (tasks that keep checkpoints)
     checkpoint_minutes: Mapped[float] = mapped_column(Float, default=10.0, server_default=text("10"))
+    # How many peer keys one volunteer may hold valid swarm tokens for at once (``experiments.swarm_token``).
+    # The database's default only: an insert that does not name it (rows written as of an older revision) works.
+    max_peers_per_volunteer: Mapped[int] = mapped_column(Integer, server_default=text("4"))
     # The experiment's swarm token signing key (base64 DER). It never leaves the server.
     signing_key: Mapped[str] = mapped_column(Text)
     join_policy: Mapped[str] = mapped_column(String(16), default="open")  # open / invite / allowlist
@@ -219,6 +222,27 @@ class MetricPoint(Base):
     samples_per_second: Mapped[float] = mapped_column(Float)
     peers: Mapped[int] = mapped_column(Integer)
     averaged_peers: Mapped[int] = mapped_column(Integer)
+
+
+class SwarmPeerKey(Base):
+    """A peer key the server issued a volunteer's swarm tokens for, in one experiment: whose it is and until when
+    its newest token is valid. A key belongs to the first volunteer it was issued to; the keys with a valid token
+    are the volunteer's running peers, which ``Experiment.max_peers_per_volunteer`` bounds."""
+
+    __tablename__ = "swarm_peer_keys"
+    __table_args__ = (
+        UniqueConstraint("experiment_id", "peer_id"),
+        # A volunteer's keys with a valid token, counted before each new key is admitted
+        Index("ix_swarm_peer_keys_user_expiry", "user_id", "experiment_id", "expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    peer_id: Mapped[str] = mapped_column(String(64))  # libp2p's peer ID of the key, as hivemind derives it
+    public_key: Mapped[str] = mapped_column(Text)  # OpenSSH text, as the token binds it
+    first_issued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)  # the expiry of the newest token issued for it
 
 
 class SwarmPeer(Base):

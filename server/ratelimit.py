@@ -1,9 +1,11 @@
-"""Rate limits on what a guesser or a spammer would hammer: log-in, sign-up, device-code entry, token issue.
+"""Rate limits on what a guesser or a spammer would hammer: log-in, sign-up, device-code entry, token issue,
+swarm tokens.
 
-A sliding window per action and client address. Without Redis (``SWARMHUB_REDIS_URL`` empty) each process
-counts in its own memory (``RateLimiter``): with several server processes the limit a client sees is at most
-that many times higher. With Redis, every process counts in one sorted set per action and address
-(``RedisRateLimiter``), so replicas share one budget.
+A sliding window per action and client address (``limited``), or per action and account (``limited_per_account``,
+for what a signed-in volunteer asks for from several machines, such as swarm tokens). Without Redis
+(``SWARMHUB_REDIS_URL`` empty) each process counts in its own memory (``RateLimiter``): with several server
+processes the limit a client sees is at most that many times higher. With Redis, every process counts in one
+sorted set per action and address or account (``RedisRateLimiter``), so replicas share one budget.
 
 Redis down fails open, on purpose: rate limiting must never take log-in down with it. While Redis does not
 answer, each process falls back to its own in-memory window (a warning is logged, and Redis is asked again
@@ -23,7 +25,9 @@ from typing import Any, Protocol
 
 from fastapi import Depends, Request
 
+from .deps import CurrentUser
 from .errors import TooManyRequests
+from .models import User
 from .settings import Settings
 
 logger = logging.getLogger("swarmhub.ratelimit")
@@ -35,6 +39,9 @@ LIMITS = {
     "device-entry": (20, 60.0),
     "token-issue": (30, 600.0),
     "corpus": (20, 600.0),  # each upload trains a tokenizer: CPU-heavy
+    # Per account: each of a volunteer's peers asks once when it joins and once per token lifetime (up to an
+    # hour), so this leaves room for a few dozen peers starting together, and each answer is an RSA signature.
+    "swarm-token": (60, 600.0),
 }
 RETRY_SECONDS = 5.0  # how long a process counts alone after Redis failed to answer
 REDIS_TIMEOUT = 0.5  # seconds: a stalled Redis must not stall every log-in for long
@@ -92,7 +99,7 @@ class RedisRateLimiter:
     """The same sliding windows, kept in Redis under ``prefix`` so that every server process shares them.
 
     Each key holds at most ``limit`` entries and expires one window after its last counted hit. The client
-    address is hashed into the key: nothing a client sends appears in Redis's key space as it is.
+    address (or account) is hashed into the key: nothing a client sends appears in Redis's key space as it is.
     """
 
     def __init__(self, url: str, prefix: str, limits: dict[str, tuple[int, float]] | None = None):
@@ -139,12 +146,22 @@ def make_limiter(settings: Settings) -> Limiter:
 
 def check(request: Request, action: str) -> None:
     """Count one ``action`` from this client's address; raises 429 (with Retry-After) over the limit."""
+    _count(request, action, request.client.host if request.client else "unknown", "attempts from your address")
+
+
+def check_account(request: Request, action: str, user: User) -> None:
+    """Count one ``action`` of this account, from whatever address; raises 429 (with Retry-After) over the limit."""
+    # Not by address: a volunteer's peers run on several machines, and an address is cheap to change.
+    _count(request, action, f"user:{user.id}", "requests from your account")
+
+
+def _count(request: Request, action: str, key: str, what: str) -> None:
     limiter: Limiter = request.app.state.ratelimiter
-    wait = limiter.hit(action, request.client.host if request.client else "unknown")
+    wait = limiter.hit(action, key)
     if wait is not None:
         seconds = max(1, math.ceil(wait))
         raise TooManyRequests(
-            f"too many {action.replace('-', ' ')} attempts from your address: try again in {seconds} s",
+            f"too many {action.replace('-', ' ')} {what}: try again in {seconds} s",
             headers={"Retry-After": str(seconds)},
         )
 
@@ -154,5 +171,14 @@ def limited(action: str) -> Any:
 
     def dependency(request: Request) -> None:
         check(request, action)
+
+    return Depends(dependency)
+
+
+def limited_per_account(action: str) -> Any:
+    """A route dependency for signed-in API clients: at most LIMITS[action] requests per account."""
+
+    def dependency(request: Request, user: CurrentUser) -> None:
+        check_account(request, action, user)
 
     return Depends(dependency)

@@ -12,7 +12,7 @@ from sqlalchemy import delete
 from starlette.testclient import TestClient
 
 from swarmhub.server import experiments
-from swarmhub.server.models import Experiment, ExperimentBan
+from swarmhub.server.models import Experiment, ExperimentBan, SwarmPeerKey
 
 from .conftest import PASSWORD, api_token, csrf_from, make_experiment, make_user
 
@@ -50,11 +50,13 @@ def world(client, db):
 
 
 def reset(db) -> None:
-    """The target as each case finds it: running, titled as made, no one removed, no extra experiment."""
+    """The target as each case finds it: running, titled as made, no one removed, no extra experiment, and the
+    roles' shared peer key issued to no one yet."""
     with db.begin() as session:
         target = session.query(Experiment).filter_by(slug="target").one()
         target.status, target.title = "running", "Experiment target"
         session.execute(delete(ExperimentBan))
+        session.execute(delete(SwarmPeerKey))
         session.query(Experiment).filter_by(slug="new-one").delete()
 
 

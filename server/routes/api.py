@@ -27,7 +27,7 @@ from swarmhub.worker.protocol import (
 from .. import accounts, device, experiments, leases, metrics
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token
 from ..errors import BadRequest, Unavailable, documented
-from ..ratelimit import limited
+from ..ratelimit import limited, limited_per_account
 from ..security import StoredText
 from ..snapshots import base_url, metrics_public
 
@@ -211,15 +211,20 @@ def _bootstrap_addresses(request: Request, run_id: str, timeout: float) -> list[
         time.sleep(0.2)
 
 
-@router.post("/experiments/{slug}/join", response_model=JoinResponse, dependencies=[Depends(no_store)])
+SWARM_TOKEN_LIMITS = [Depends(no_store), limited_per_account("swarm-token")]
+
+
+@router.post("/experiments/{slug}/join", response_model=JoinResponse, dependencies=SWARM_TOKEN_LIMITS)
 def join(
     slug: str, body: JoinBody, session: DB, user: CurrentUser, settings: AppSettings, request: Request
 ) -> JoinResponse:
+    """The worker's configuration and a swarm token for its peer key. Refused: a key that is not RSA of at least
+    2048 bits (400), a key another volunteer holds here (409), a new key while the volunteer already runs the
+    experiment's ``max_peers_per_volunteer`` peers, or more than 60 swarm tokens asked for by one account in 10
+    minutes (429, Retry-After)."""
     experiment = experiments.get_visible(session, slug, user)
     experiments.check_joinable(session, experiment, user)
-    token = experiments.swarm_token(  # also refuses a key that is not an RSA public key (400, field named)
-        session, experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
-    )
+    experiments.check_peer_key(session, experiment, user, body.peer_public_key)  # before any waiting
     if not settings.swarm_enabled:
         raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
     run_id = experiments.run_id(experiment)
@@ -228,6 +233,9 @@ def join(
     maddrs = _bootstrap_addresses(request, run_id, timeout=10)
     if not maddrs:
         raise Unavailable("the experiment's swarm is starting: try again shortly", headers={"Retry-After": "3"})
+    token = experiments.swarm_token(  # admits the key: this request's first write
+        session, experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
+    )
     worker = experiments.start_worker_run(session, experiment, user, body.device)
     return JoinResponse(
         experiment=experiments.to_config(experiment),
@@ -244,11 +252,13 @@ def join(
     )
 
 
-@router.post("/experiments/{slug}/swarm-token", response_model=SwarmToken, dependencies=[Depends(no_store)])
+@router.post("/experiments/{slug}/swarm-token", response_model=SwarmToken, dependencies=SWARM_TOKEN_LIMITS)
 def refresh_swarm_token(
     slug: str, body: SwarmTokenRequest, session: DB, user: CurrentUser, settings: AppSettings
 ) -> SwarmToken:
-    """A fresh token for a peer that already joined; refused once the experiment stops running."""
+    """A fresh token for a peer key; refused once the experiment stops running. A key whose token is still valid
+    is always renewed; a new one is refused as by the join (400, 409, 429), and the two routes share one budget of
+    60 tokens per account in 10 minutes."""
     experiment = experiments.get_visible(session, slug, user)
     return experiments.swarm_token(
         session, experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)

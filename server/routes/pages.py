@@ -32,6 +32,7 @@ EXPERIMENT_FIELDS = (
     "allowlist",
     "aux_peer",
     "checkpoint_minutes",
+    "max_peers_per_volunteer",
     *[f for f in TrainingSettings.model_fields if f not in ("task", "task_params")],
 )
 
@@ -216,7 +217,12 @@ def logout(session: DB, web: WebSess) -> Response:
 
 @router.get("/experiments/new")
 def new_experiment_page(request: Request, user: RequiredPageUser, web: WebSess) -> Response:
-    defaults = {**TrainingSettings().model_dump(mode="json"), "join_policy": "open", "allowlist": []}
+    defaults = {
+        **TrainingSettings().model_dump(mode="json"),
+        "join_policy": "open",
+        "allowlist": [],
+        "max_peers_per_volunteer": experiments.DEFAULT_MAX_PEERS_PER_VOLUNTEER,
+    }
     return _form_page(request, user, web, values=defaults, errors={})
 
 
