@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from swarmhub.worker import swarm_tokens
 from swarmhub.worker.protocol import (
     SLUG_RE,
+    Aggregation,
     ExperimentConfig,
     ExperimentStatus,
     ExperimentSummary,
@@ -159,6 +160,7 @@ class ExperimentUpdate(BaseModel):
     matchmaking_time: float | None = None
     averaging_timeout: float | None = None
     overlap: Overlap | None = None
+    aggregation: Aggregation | None = None
     aux_peer: bool | None = None
     checkpoint_minutes: float | None = None
     max_peers_per_volunteer: int | None = None
@@ -174,6 +176,7 @@ class ExperimentPublic(ExperimentSummary):
     matchmaking_time: float
     averaging_timeout: float
     overlap: Overlap
+    aggregation: Aggregation
     aux_peer: bool
     checkpoint_minutes: float
     max_peers_per_volunteer: int
@@ -200,6 +203,7 @@ def to_public(experiment: Experiment) -> ExperimentPublic:
         matchmaking_time=experiment.matchmaking_time,
         averaging_timeout=experiment.averaging_timeout,
         overlap=Overlap(experiment.overlap),
+        aggregation=Aggregation(experiment.aggregation),
         aux_peer=experiment.aux_peer,
         checkpoint_minutes=experiment.checkpoint_minutes,
         max_peers_per_volunteer=experiment.max_peers_per_volunteer,

@@ -136,6 +136,8 @@ class Experiment(Base):
     matchmaking_time: Mapped[float] = mapped_column(Float)
     averaging_timeout: Mapped[float] = mapped_column(Float)
     overlap: Mapped[str] = mapped_column(String(32), default="none")
+    # How each reducer combines the peers' parts (``worker.robust``); the database's default only, as below
+    aggregation: Mapped[str] = mapped_column(String(32), server_default=text("'mean'"))
     aux_peer: Mapped[bool] = mapped_column(Boolean, default=False)  # the server runs an auxiliary peer
     # How often the server's checkpoint peer saves the swarm's model (tasks that keep checkpoints)
     checkpoint_minutes: Mapped[float] = mapped_column(Float, default=10.0, server_default=text("10"))

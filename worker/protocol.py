@@ -40,6 +40,13 @@ class Overlap(str, Enum):
     delayed_averaging = "delayed-averaging"  # gradients are also averaged in the background (one step stale)
 
 
+class Aggregation(str, Enum):
+    """How a reducer combines the peers' parts of a round (``swarmhub.worker.robust``)."""
+
+    mean = "mean"  # the weighted mean of the finite parts, claimed weights capped
+    centered_clip = "centered-clip"  # CenteredClip around the parts' median: a minority cannot steer the result
+
+
 class TrainingSettings(BaseModel):
     """What is trained and how: the part of an experiment that every worker must agree on."""
 
@@ -57,6 +64,11 @@ class TrainingSettings(BaseModel):
     )
     averaging_timeout: float = Field(
         default=30.0, ge=5, le=600, description="Seconds after which a stuck averaging round is abandoned"
+    )
+    aggregation: Aggregation = Field(
+        default=Aggregation.mean,
+        description="How each reducer combines the peers' parts: mean, or centered-clip (robust to a minority of "
+        "peers sending poisoned gradients; non-finite parts are dropped and claimed weights capped either way)",
     )
     overlap: Overlap = Field(
         default=Overlap.none,

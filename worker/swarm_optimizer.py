@@ -16,10 +16,35 @@ head start).
 
 from __future__ import annotations
 
+from typing import Any
+
 import hivemind
+
+from . import robust
 
 
 class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
+    """``roster`` (the swarm's, see ``robust.Roster``) makes the progress tracker read the swarm's epoch through
+    ``robust.bounded_progress``: a record with a made-up epoch moves no one."""
+
+    def __init__(self, *args: Any, roster: robust.Roster | None = None, **kwargs: Any):
+        self._roster = roster
+        super().__init__(*args, **kwargs)
+
+    def _make_progress_tracker(self, target_batch_size: int, **kwargs: Any) -> Any:
+        if self._roster is None:
+            return super()._make_progress_tracker(target_batch_size, **kwargs)
+        return robust.make_tracker_class()(
+            dht=self.dht,
+            prefix=self.run_id,
+            target_batch_size=target_batch_size,
+            client_mode=self.client_mode,
+            status_loglevel=self.status_loglevel,
+            start=True,
+            roster=self._roster,
+            **kwargs,
+        )
+
     def _maybe_schedule_gradient_averaging(self) -> None:
         if self.tracker.global_progress.num_peers <= 1:
             return  # alone: hivemind would cancel the round at the epoch's end (see the module's docstring)

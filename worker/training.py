@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import torch
 from pydantic import ValidationError
 
-from . import load_balancing, swarm_access
+from . import load_balancing, robust, swarm_access
 from .client import ExitCode, WorkerError
 from .optim import Lamb
 from .protocol import Control, JoinResponse, MetricReport, OptimizerName, Overlap, SwarmToken, TrainingSettings
@@ -97,6 +97,8 @@ class TrainingSummary:
     control: Control | None = None
     fatal: WorkerError | None = None
     precision: str = "fp32"
+    # peer ID -> reason -> count: what this peer refused from others (robust.take_flags)
+    flags: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def resolve_precision(name: str, device: torch.device) -> str:
@@ -350,9 +352,19 @@ def train(
                 on_joined(str(dht.peer_id), maddrs)
             swarm_access.guard_averaging(access.experiment_key, join.run_id, deny_list)
             load_balancing.install()  # every reachable peer gets a part of the vector to reduce
+            # what this peer accepts from the others: averaged parts, the swarm's epoch, downloaded state
+            robust.install(
+                cfg.aggregation.value,
+                cfg.target_batch_size,
+                join.run_id,
+                access.experiment_key,
+                join.username,
+                trusted=join.username == swarm_access.SERVER_PEER_USERNAME,
+            )
             with _sigint_handler_kept():
                 opt = SwarmOptimizer(
                     dht=dht,
+                    roster=robust.Roster(dht, join.run_id, access.experiment_key, join.username),
                     run_id=join.run_id,
                     params=list(task.parameter_groups(model)),
                     optimizer=optimizer_factory(cfg),
@@ -403,6 +415,7 @@ def train(
                 if opt is not None:
                     opt.shutdown()
             finally:
+                summary.flags = robust.take_flags()
                 if roster_keeper is not None:
                     roster_keeper.join(timeout=10)
                 if dht is not None:

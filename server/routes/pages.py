@@ -10,7 +10,7 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from swarmhub.worker.protocol import OptimizerName, Overlap, TrainingSettings
+from swarmhub.worker.protocol import Aggregation, OptimizerName, Overlap, TrainingSettings
 from swarmhub.worker.tasks import available_tasks, get_task
 
 from .. import accounts, device, experiments, ratelimit, training_data
@@ -133,6 +133,7 @@ def _form_page(
             "tasks": task_forms(),
             "optimizers": [o.value for o in OptimizerName],
             "overlaps": [o.value for o in Overlap],
+            "aggregations": [a.value for a in Aggregation],
             "policies": [p.value for p in experiments.JoinPolicy],
         },
         user=user,

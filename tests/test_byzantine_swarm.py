@@ -1,0 +1,235 @@
+"""Admitted peers that mean harm, as real processes with valid tokens, against honest peers on 127.0.0.1.
+
+Each attacker runs the real worker (``train``) with one part of hivemind patched the way a hostile volunteer
+would patch their own copy: gradients multiplied by -1000 or made NaN before every round, or a state served with
+its parameters x100, its epoch +1000, advertised at the top priority and backed by progress records 1000 epochs
+ahead. The honest peers run the worker unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from swarmhub.worker import swarm_access
+from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
+
+from .test_training_swarm import (  # noqa: F401 - swarm_peer is a fixture
+    LineReader,
+    Swarm,
+    kill_all,
+    swarm_peer,
+    tagged_env,
+    wait_gone,
+)
+
+pytestmark = pytest.mark.swarm
+
+PEER = """
+import dataclasses, json, sys
+from pathlib import Path
+import torch
+from swarmhub.worker.protocol import JoinResponse
+from swarmhub.worker.training import train
+
+join = JoinResponse.model_validate_json(sys.argv[1])
+identity, attack, minutes = Path(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+
+if attack in ("scale", "nan"):  # what this peer puts into every gradient round
+    from hivemind.optim.grad_averager import GradientAverager
+    load = GradientAverager.load_accumulators_into_averager_
+    def poisoned(self):
+        load(self)
+        with torch.no_grad(), self.get_tensors() as tensors:
+            for tensor in tensors:
+                tensor.mul_(-1000.0) if attack == "scale" else tensor.fill_(float("nan"))
+    GradientAverager.load_accumulators_into_averager_ = poisoned
+elif attack == "hijack":  # the state it serves, the priority it advertises, the epoch its records state
+    from hivemind.averaging.averager import DecentralizedAverager
+    from hivemind.optim.progress_tracker import ProgressTracker
+    from hivemind.optim.state_averager import TrainingStateAverager
+    state = TrainingStateAverager.get_current_state
+    def poisoned_state(self):
+        metadata, tensors, infos = state(self)
+        n = len(self.main_parameters)
+        return dict(metadata, epoch=metadata["epoch"] + 1000), [t * 100 if i < n else t for i, t in enumerate(tensors)], infos
+    TrainingStateAverager.get_current_state = poisoned_state
+    priority = DecentralizedAverager.state_sharing_priority
+    DecentralizedAverager.state_sharing_priority = property(
+        lambda self: float(self._state_sharing_priority.value) + 1000, priority.fset)
+    report = ProgressTracker.report_local_progress
+    ProgressTracker.report_local_progress = lambda self, epoch, samples, **kw: report(self, epoch + 1000, samples, **kw)
+
+def progress(p):
+    print(json.dumps({"event": "progress", "epoch": p.epoch, "loss": p.loss, "averaged": p.averaged_peers}),
+          flush=True)
+
+s = train(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], max_minutes=minutes, identity_path=identity,
+          on_progress=progress, on_joined=lambda peer_id, maddrs: print(json.dumps({"peer_id": peer_id}), flush=True))
+print(json.dumps({"event": "summary", "epoch": s.epoch, "first_loss": s.first_loss, "last_loss": s.last_loss,
+                  "flags": s.flags, "rounds": {str(k): v for k, v in s.averaging_rounds.items()}}), flush=True)
+"""
+
+
+def join_as(swarm: Swarm, username: str, identity: Path, aggregation: str, learning_rate: float = 1e-2) -> JoinResponse:
+    """The server's join answer for ``username``'s key at ``identity`` (each volunteer its own account)."""
+    experiment = ExperimentConfig(
+        slug="digits-test",
+        title="Digits test",
+        task="digits",
+        task_params={"batch_size": 32, "hidden_size": 32},
+        optimizer="adam",
+        learning_rate=learning_rate,
+        target_batch_size=128,
+        matchmaking_time=2.0,
+        averaging_timeout=10.0,
+        aggregation=aggregation,
+    )
+    public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes()
+    token = swarm_access.sign_token(swarm.signing_key, swarm.run_id, username, public_key, timedelta(hours=1))
+    return JoinResponse(
+        experiment=experiment,
+        run_id=swarm.run_id,
+        initial_peers=swarm.maddrs,
+        worker_id=f"{username}-{uuid.uuid4().hex[:6]}",
+        username=username,
+        report_path="/ws/experiments/digits-test/report",
+        swarm_token=SwarmToken(**swarm_access.token_to_wire(token)),
+        token_path="/api/experiments/digits-test/swarm-token",
+        experiment_public_key=swarm.signing_key.get_public_key().to_bytes().decode(),
+        server_time=time.time(),
+    )
+
+
+class Peers:
+    """The test's peer processes, each with its own account, and what they printed."""
+
+    def __init__(self, swarm: Swarm, folder: Path, aggregation: str):
+        self.swarm, self.folder, self.aggregation = swarm, folder, aggregation
+        self.tag = f"byzantine-{uuid.uuid4().hex}"
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.lines: dict[str, LineReader] = {}
+        self.peer_ids: dict[str, str] = {}
+
+    def start(self, name: str, attack: str = "none", minutes: float = 1.5) -> None:
+        identity = self.folder / f"{name}.key"
+        join = join_as(self.swarm, name, identity, self.aggregation)
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-c", PEER, join.model_dump_json(), str(identity), attack, str(minutes)],
+            stdout=subprocess.PIPE,
+            stderr=(self.folder / f"{name}.log").open("w"),
+            text=True,
+            env=tagged_env(self.tag),
+        )
+        self.lines[name] = LineReader(self.procs[name])
+
+    def joined(self, name: str, timeout: float = 120) -> str:
+        deadline = time.monotonic() + timeout
+        while (line := self.lines[name].next(max(deadline - time.monotonic(), 0.01))) is not None:
+            if line.startswith("{") and "peer_id" in (event := json.loads(line)):
+                self.peer_ids[name] = event["peer_id"]
+                return event["peer_id"]
+        raise AssertionError(f"{name} never joined the swarm")
+
+    def wait_for(self, name: str, check, timeout: float) -> dict:  # noqa: ANN001
+        deadline = time.monotonic() + timeout
+        while (line := self.lines[name].next(max(deadline - time.monotonic(), 0.01))) is not None:
+            if line.startswith("{") and check(event := json.loads(line)):
+                return event
+        raise AssertionError(f"{name} printed nothing that passes the check within {timeout} s")
+
+    def summary(self, name: str, timeout: float = 240) -> dict:
+        events = self.lines[name].events(timeout)
+        found = [e for e in events if e.get("event") == "summary"]
+        log = (self.folder / f"{name}.log").read_text()[-3000:]
+        assert found, f"{name} ended without a summary (exit code {self.procs[name].poll()}): {log}"
+        return found[-1]
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        left = wait_gone(self.tag, 20)
+        kill_all(left)
+        assert not left, "the peers left processes behind"
+
+
+def test_centered_clip_keeps_training_while_one_peer_in_four_sends_gradients_times_minus_1000(swarm_peer, tmp_path):
+    """Three honest volunteers and one whose every gradient part is its real one x -1000: with centered-clip the
+    honest peers' loss goes down as in a clean swarm (under the plain mean it climbs: bench/byzantine.py)."""
+    peers = Peers(swarm_peer, tmp_path, "centered-clip")
+    try:
+        for name in ("ada", "bob", "cyd"):
+            peers.start(name)
+        peers.start("mallory", attack="scale")
+        for name in ("ada", "bob", "cyd", "mallory"):
+            peers.joined(name)
+        # the four of them average together, attacker included
+        peers.wait_for("ada", lambda e: e.get("averaged", 0) == 4, 120)
+        summaries = {name: peers.summary(name) for name in ("ada", "bob", "cyd")}
+    finally:
+        peers.stop()
+    for name, summary in summaries.items():
+        assert summary["rounds"].get("4", 0) >= 3, (name, summary)  # the attacker took part in the rounds
+        assert summary["last_loss"] < 0.7 * summary["first_loss"], (name, summary)
+
+
+def test_non_finite_gradients_are_dropped_and_their_sender_flagged(swarm_peer, tmp_path):
+    """A volunteer whose every gradient part is NaN: under the plain mean the honest peers drop its parts, train
+    on, and flag it (the same swarm without the check would turn every honest parameter into NaN)."""
+    peers = Peers(swarm_peer, tmp_path, "mean")
+    try:
+        for name in ("ada", "bob"):
+            peers.start(name, minutes=1.0)
+        peers.start("mallory", attack="nan", minutes=1.0)
+        for name in ("ada", "bob", "mallory"):
+            peers.joined(name)
+        peers.wait_for("ada", lambda e: e.get("averaged", 0) == 3, 120)
+        summaries = {name: peers.summary(name) for name in ("ada", "bob")}
+    finally:
+        peers.stop()
+    for name, summary in summaries.items():
+        assert summary["last_loss"] == summary["last_loss"], (name, summary)  # not NaN
+        assert summary["last_loss"] < 0.7 * summary["first_loss"], (name, summary)
+        assert summary["flags"].get(peers.peer_ids["mallory"], {}).get("non-finite gradients", 0) >= 1, summary
+        assert peers.peer_ids["ada"] not in summary["flags"] and peers.peer_ids["bob"] not in summary["flags"]
+
+
+def test_a_peer_advertising_a_far_newer_state_cannot_hand_it_to_joiners(swarm_peer, tmp_path):
+    """A volunteer serves its state with the parameters x100 and the epoch +1000, advertises it at the top
+    priority and publishes progress records 1000 epochs ahead. The honest peers do not follow its epoch, and an
+    honest volunteer who joins later loads the honest state (her loss starts where theirs is, not near 700)."""
+    peers = Peers(swarm_peer, tmp_path, "mean")
+    try:
+        for name in ("ada", "bob"):
+            peers.start(name, minutes=2.0)
+        peers.start("mallory", attack="hijack", minutes=2.0)
+        for name in ("ada", "bob", "mallory"):
+            peers.joined(name)
+        peers.wait_for("ada", lambda e: e.get("averaged", 0) >= 2 and e.get("epoch", 0) >= 3, 120)
+        peers.start("joan", minutes=0.5)
+        peers.joined("joan")
+        first = peers.wait_for("joan", lambda e: e.get("event") == "progress", 90)
+        joan = peers.summary("joan")
+        honest = {name: peers.summary(name) for name in ("ada", "bob")}
+    finally:
+        peers.stop()
+    mallory = peers.peer_ids["mallory"]
+    assert first["epoch"] < 1000 and first["loss"] < 3.0, first
+    assert joan["epoch"] < 1000 and joan["last_loss"] < 3.0, joan
+    for name, summary in honest.items():
+        assert summary["epoch"] < 1000 and summary["last_loss"] < summary["first_loss"], (name, summary)
+    flagged = {reason for summary in (joan, *honest.values()) for reason in summary["flags"].get(mallory, {})}
+    assert flagged & {"epoch ahead of the swarm", "state epoch ahead of the swarm"}, [joan, honest]

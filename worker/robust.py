@@ -1,0 +1,541 @@
+"""What a peer accepts from strangers in the swarm: averaged parts, the swarm's epoch, and downloaded state.
+
+hivemind 1.1.12 trusts every peer in a round: a reducer sums ``part * weight`` as parts arrive, weights are what
+each sender claims, the swarm's epoch is the largest any progress record states, and a joiner downloads the
+state of whichever peer advertises the highest priority. :func:`install` replaces those three points in this
+process (and in the averager processes hivemind forks from it afterwards):
+
+- **Averaging** (:class:`GuardedPartReducer`): a reducer holds the parts of one round's current slice from every
+  sender, then drops a part that is not finite (the sender is flagged), caps each claimed weight (at the
+  experiment's ``target_batch_size``, and with three senders or more at ``WEIGHT_MEDIAN_FACTOR`` times the
+  median claim), and combines the rest with the experiment's ``aggregation``: ``mean`` or ``centered-clip``
+  (CenteredClip, Karimireddy et al. 2021, run by each reducer on its slice as in Gorbunov et al. 2022). An
+  averaged part that a reducer sends back is kept only where it is finite.
+- **The swarm's epoch** (:func:`epoch_bound`): one vote per account (the largest epoch among its peers'
+  records; the server's peers are one account); a record more than one epoch past both this peer's epoch and
+  the lower median of the other accounts' votes is ignored. With two other accounts or more in the swarm, a
+  peer with a made-up epoch can neither make the swarm's peers download state nor move their schedule, unless
+  it holds half of those accounts.
+- **State download** (:func:`order_sources`, :func:`check_state`): only from peers whose advertised epoch is
+  within that bound, the server's own peers first; a state with a non-finite tensor, or whose parameters'
+  norm is over ``STATE_NORM_JUMP`` times this peer's own (a volunteer's peer) is refused and its source flagged.
+
+Refusals are logged and counted in :data:`FLAGS` (peer ID -> reasons), which :func:`take_flags` hands to whoever
+reports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import statistics
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import swarm_access
+
+logger = logging.getLogger(__name__)
+
+AGGREGATIONS = ("mean", "centered-clip")
+# An honest peer's weight is the samples it accumulated: peers of one round differ by their speed, and a claim
+# far above the round's median is counted at this multiple of it. Honest fast peers lose a little weight (the
+# average is still one of unbiased gradients, with a little more variance); a forger's huge claim loses all of it.
+WEIGHT_MEDIAN_FACTOR = 2.0
+CLIP_ITERATIONS = 10
+# A downloaded state whose parameters' norm is over this multiple of the peer's own is refused (unless it comes
+# from the server's own peer): training moves a model's norm by a few times at most, an attack by orders.
+STATE_NORM_JUMP = 10.0
+ROSTER_CACHE_SECONDS = 10.0
+
+
+@dataclass
+class Policy:
+    aggregation: str = "mean"
+    max_weight: float = math.inf  # the experiment's target_batch_size: no peer counts for more than a whole batch
+    run_id: str = ""
+    experiment_key: Any = None  # the experiment's public key: reads the roster (who is the server's peer)
+    trusted_state: bool = False  # this process is the server's own peer: its norm check has no reference
+    username: str | None = None  # whose peer this is: its own account's records are not a vote
+
+
+POLICY = Policy()
+FLAGS: dict[str, Counter[str]] = {}
+_FLAGS_LOCK = threading.Lock()
+# Reducers and state downloads run in the averager processes hivemind forks: their flags come back through this
+# queue, made by install() before the fork.
+_FLAG_QUEUE: Any = None
+
+
+def flag(peer_id: str, reason: str) -> None:
+    if _FLAG_QUEUE is not None:
+        try:
+            _FLAG_QUEUE.put_nowait((peer_id, reason))
+            return
+        except Exception:  # noqa: S110 - a full or closed queue: keep the flag in this process
+            pass
+    with _FLAGS_LOCK:
+        FLAGS.setdefault(peer_id, Counter())[reason] += 1
+
+
+def take_flags() -> dict[str, dict[str, int]]:
+    """Peer ID -> reason -> count, for everything flagged since the last call (in this process and the
+    averager processes forked after :func:`install`)."""
+    import queue
+
+    with _FLAGS_LOCK:
+        while _FLAG_QUEUE is not None:
+            try:
+                peer_id, reason = _FLAG_QUEUE.get_nowait()
+            except (queue.Empty, OSError, ValueError):
+                break
+            FLAGS.setdefault(peer_id, Counter())[reason] += 1
+        taken = {peer: dict(reasons) for peer, reasons in FLAGS.items()}
+        FLAGS.clear()
+    return taken
+
+
+# -- aggregation ----------------------------------------------------------------------------------------------
+
+
+def capped_weights(weights: Sequence[float], max_weight: float = math.inf) -> list[float]:
+    """Each claim capped at ``max_weight`` and, with three claims or more, at WEIGHT_MEDIAN_FACTOR x their
+    median; a claim that is not a finite positive number counts as zero."""
+    clean = [w if math.isfinite(w) and w > 0 else 0.0 for w in weights]
+    clean = [min(w, max_weight) for w in clean]
+    positive = [w for w in clean if w > 0]
+    if len(positive) >= 3:
+        cap = WEIGHT_MEDIAN_FACTOR * statistics.median(positive)
+        clean = [min(w, cap) for w in clean]
+    return clean
+
+
+def centered_clip(parts: torch.Tensor, weights: torch.Tensor, iterations: int = CLIP_ITERATIONS) -> torch.Tensor:
+    """CenteredClip of ``parts`` (one row per sender) with ``weights``: start at the coordinate-wise median,
+    then repeatedly move the center by the weighted mean of each row's offset clipped to radius ``tau``, the
+    median of the rows' distances from the start. With most rows honest the radius is an honest row's spread, so
+    a row of any size moves the center at most its weight's share of that radius."""
+    if parts.shape[0] == 1:
+        return parts[0].clone()
+    center = parts.median(dim=0).values
+    tau = (parts - center).norm(dim=1).median()
+    if not torch.isfinite(tau) or tau <= 0:
+        return center
+    total = weights.sum()
+    for _ in range(iterations):
+        offsets = parts - center
+        norms = offsets.norm(dim=1).clamp_min(1e-12)
+        scale = (tau / norms).clamp(max=1.0)
+        step = (offsets * (scale * weights / total).unsqueeze(1)).sum(dim=0)
+        center = center + step
+        if step.norm() <= 1e-6 * tau:
+            break
+    return center
+
+
+def combine(parts: Sequence[torch.Tensor], weights: Sequence[float], aggregation: str) -> torch.Tensor:
+    """One slice's result from the senders' ``parts`` and (already capped) ``weights``."""
+    kept = [(p, w) for p, w in zip(parts, weights, strict=True) if w > 0]
+    if not kept:  # nothing trustworthy in this slice: it averages to zero (no update from it)
+        return torch.zeros_like(parts[0]) if parts else torch.zeros(0)
+    stacked = torch.stack([p.reshape(-1).float() for p, _ in kept])
+    weight = torch.tensor([w for _, w in kept], dtype=stacked.dtype)
+    if aggregation == "centered-clip":
+        result = centered_clip(stacked, weight)
+    else:
+        result = (stacked * (weight / weight.sum()).unsqueeze(1)).sum(dim=0)
+    return result.reshape(parts[0].shape).to(parts[0].dtype)
+
+
+def _reducer_base() -> type:
+    from hivemind.averaging.partition import TensorPartReducer
+
+    return TensorPartReducer
+
+
+class _Held:
+    """The parts of the current slice that the senders sent, before they are combined."""
+
+    def __init__(self) -> None:
+        self.parts: list[torch.Tensor] = []
+        self.weights: list[float] = []
+        self.senders: list[int] = []
+
+
+def make_reducer_class() -> type:
+    from hivemind.averaging.partition import AllreduceException, BannedException
+
+    base = _reducer_base()
+
+    class GuardedPartReducer(base):  # type: ignore[misc, valid-type]
+        """hivemind's reducer, holding a slice's parts until every sender's is in, then combining them with
+        :func:`combine` (non-finite parts dropped, weights capped, ``POLICY.aggregation``).
+
+        Memory: one slice (hivemind's part size, 512 KiB by default) per sender at a time."""
+
+        def __init__(self, part_shapes: Sequence[torch.Size], num_senders: int, sender_ids: Sequence[str] = ()):
+            self.sender_ids = list(sender_ids)
+            self.claimed = [0.0] * num_senders  # the largest weight each sender claimed in this round
+            self.dropped: set[int] = set()
+            self._held = _Held()
+            super().__init__(part_shapes, num_senders)
+
+        def reset_accumulators(self) -> None:
+            assert self.current_part_accumulated_from == self.num_current_senders or self.current_part_index == -1
+            if self.current_part_index >= self.num_parts - 1:
+                self.finalize()
+                return
+            self.current_part_index += 1
+            self.current_part_accumulated_from = 0
+            self.current_part_future = asyncio.Future()
+            self.num_current_senders = sum(self.current_part_index < failed for failed in self.sender_failed_after)
+            self.accumulator = None
+            self.denominator = 0.0
+            self._held = _Held()
+
+        async def accumulate_part(
+            self, sender_index: int, part_index: int, tensor_part: torch.Tensor, weight: float = 1.0
+        ) -> torch.Tensor:
+            if not 0 <= sender_index < self.num_senders or not 0 <= part_index < self.num_parts:
+                raise AllreduceException("a part out of range")
+            self.num_parts_received[sender_index] += 1
+            while part_index > self.current_part_index:  # slices are combined in order
+                await asyncio.wait(
+                    {self.current_part_future, asyncio.create_task(self.finished.wait())},
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if self.finished.is_set():
+                    raise AllreduceException(f"attempted to aggregate part in a finalized {type(self).__name__}")
+            if self.sender_failed_after[sender_index] != float("inf"):
+                raise BannedException(f"sender {sender_index} was banned in background")
+            if part_index != self.current_part_index:
+                raise AllreduceException("a part sent twice")
+            future = self.current_part_future
+            if part_index < self.sender_failed_after[sender_index]:
+                if tensor_part.shape != self.part_shapes[part_index]:
+                    raise AllreduceException("a part of the wrong shape")
+                self.claimed[sender_index] = max(self.claimed[sender_index], float(weight))
+                if not bool(torch.isfinite(tensor_part).all()) or not math.isfinite(weight):
+                    if sender_index not in self.dropped:
+                        self.dropped.add(sender_index)
+                        who = self.sender_ids[sender_index] if sender_index < len(self.sender_ids) else "?"
+                        logger.warning("dropped a non-finite part from %s", who)
+                        flag(who, "non-finite gradients")
+                    weight = 0.0
+                self._held.parts.append(tensor_part)
+                self._held.weights.append(float(weight))
+                self._held.senders.append(sender_index)
+                self.current_part_accumulated_from += 1
+                self.check_current_part_finished()
+            return await future
+
+        def check_current_part_finished(self) -> None:
+            assert self.current_part_accumulated_from <= self.num_current_senders
+            if self.current_part_accumulated_from == self.num_current_senders:
+                held = self._held
+                if held.parts:
+                    weights = capped_weights(held.weights, POLICY.max_weight)
+                    result = combine(held.parts, weights, POLICY.aggregation)
+                else:
+                    result = torch.zeros(self.part_shapes[self.current_part_index])
+                self.current_part_future.set_result(result)
+                self.reset_accumulators()
+
+    return GuardedPartReducer
+
+
+def make_runner_class() -> type:
+    from hivemind.averaging.allreduce import AllReduceRunner
+
+    reducer_class = make_reducer_class()
+
+    class GuardedAllReduceRunner(AllReduceRunner):  # type: ignore[misc, valid-type]
+        """hivemind's all-reduce with :class:`GuardedPartReducer`, keeping only the finite entries of what other
+        reducers send back (elsewhere this peer keeps its own value)."""
+
+        def __init__(self, **kwargs: Any):
+            super().__init__(**kwargs)
+            shapes = tuple(part.shape for part in self.parts_for_local_averaging)
+            senders = [peer.to_base58() for peer in self.sender_peer_ids]
+            self.tensor_part_reducer = reducer_class(shapes, len(self.sender_peer_ids), senders)
+            container = self.tensor_part_container
+            register = container.register_processed_part
+            ordered = [peer.to_base58() for peer in self.ordered_peer_ids]
+
+            def register_finite(peer_index: int, part_index: int, delta: torch.Tensor) -> None:
+                if not bool(torch.isfinite(delta).all()):
+                    logger.warning("a reducer sent back non-finite values: kept this peer's own there")
+                    flag(ordered[peer_index], "non-finite averaged part")
+                    delta = torch.nan_to_num(delta, nan=0.0, posinf=0.0, neginf=0.0)
+                register(peer_index, part_index, delta)
+
+            container.register_processed_part = register_finite
+
+    return GuardedAllReduceRunner
+
+
+# -- the swarm's epoch ------------------------------------------------------------------------------------------
+
+
+class Roster:
+    """Who signed what: the owner key of a protected record -> the username of its admitted token (cached)."""
+
+    def __init__(self, dht: Any, run_id: str, experiment_key: Any, own_username: str | None = None):
+        self.dht, self.run_id, self.experiment_key = dht, run_id, experiment_key
+        self.own_username = own_username
+        self._names: dict[str, str] = {}
+        self._read_at = -math.inf
+
+    def usernames(self) -> dict[str, str]:
+        """Peer ID -> username, for every peer on the roster."""
+        if time.monotonic() - self._read_at >= ROSTER_CACHE_SECONDS:
+            guard = swarm_access.RosterGuard(self.experiment_key, self.run_id)
+            try:
+                guard.admit(self.dht.get(swarm_access.roster_key(self.run_id), latest=True))
+            except Exception as exc:  # keep the last read
+                logger.warning("could not read the swarm's roster: %r", exc)
+            else:
+                self._names = dict(guard._usernames)
+                self._read_at = time.monotonic()
+        return self._names
+
+
+def owner_peer_id(subkey: Any) -> str | None:
+    owner = swarm_access.record_owner(subkey)
+    if owner is None:
+        return None
+    try:
+        return swarm_access.peer_id_for_public_key(owner)
+    except ValueError:
+        return None
+
+
+def epoch_bound(entries: Iterable[tuple[str | None, int]], own_username: str | None, own_epoch: int) -> int | None:
+    """The largest epoch a progress record may state, as the peer of ``own_username`` at ``own_epoch`` judges:
+    one past the larger of its own epoch and the lower median of the other accounts' votes (each account's vote
+    is the largest epoch among its records; the server's peers are one account). ``entries`` are (username,
+    epoch). None (no bound) when no other account has a record: one account alone cannot be judged."""
+    votes: dict[str, int] = {}
+    for username, epoch in entries:
+        if username is not None and username != own_username:
+            votes[username] = max(votes.get(username, 0), epoch)
+    if not votes:
+        return None
+    ordered = sorted(votes.values())
+    return max(own_epoch, ordered[(len(ordered) - 1) // 2]) + 1
+
+
+def progress_entries(metadata: Any, names: dict[str, str]) -> list[tuple[Any, str | None, int, bool]]:
+    """(subkey, username, epoch, client_mode) of each parseable progress record."""
+    from hivemind.optim.progress_tracker import LocalTrainingProgress
+
+    entries = []
+    if not isinstance(metadata, dict):
+        return entries
+    for subkey, item in metadata.items():
+        try:
+            progress = LocalTrainingProgress.parse_obj(item.value)
+        except Exception:  # noqa: S112 - a malformed record is ignored, as hivemind ignores it
+            continue
+        peer_id = owner_peer_id(subkey)
+        entries.append((subkey, names.get(peer_id) if peer_id else None, int(progress.epoch), progress.client_mode))
+    return entries
+
+
+def bounded_progress(
+    metadata: Any, names: dict[str, str], own_username: str | None = None, own_epoch: int = 0
+) -> tuple[Any, int | None, list[str]]:
+    """``metadata`` without the records whose epoch is past :func:`epoch_bound` (and without records of peers
+    not on the roster); the bound; the peer IDs whose records were dropped for their epoch."""
+    if not isinstance(metadata, dict):
+        return metadata, None, []
+    entries = progress_entries(metadata, names)
+    bound = epoch_bound(((name, epoch) for _, name, epoch, client in entries if not client), own_username, own_epoch)
+    kept: dict[Any, Any] = {}
+    ahead = []
+    for subkey, name, epoch, _ in entries:
+        if name is None:
+            continue
+        if bound is not None and epoch > bound and name != own_username:
+            ahead.append(owner_peer_id(subkey) or "?")
+            continue
+        kept[subkey] = metadata[subkey]
+    return kept, bound, ahead
+
+
+def make_tracker_class() -> type:
+    from hivemind.optim.progress_tracker import ProgressTracker
+
+    class GuardedProgressTracker(ProgressTracker):  # type: ignore[misc, valid-type]
+        """hivemind's progress tracker, reading the swarm's epoch through :func:`bounded_progress`."""
+
+        def __init__(self, *args: Any, roster: Roster, **kwargs: Any):
+            self.roster = roster
+            self.epoch_bound: int | None = None
+            super().__init__(*args, **kwargs)
+
+        def _parse_swarm_progress_data(self, metadata: Any) -> Any:
+            try:
+                kept, self.epoch_bound, ahead = bounded_progress(
+                    metadata, self.roster.usernames(), self.roster.own_username, self.local_progress.epoch
+                )
+            except Exception as exc:  # never stop the tracker: read as hivemind would
+                logger.warning("could not bound the swarm's progress: %r", exc)
+                kept = metadata
+            else:
+                for peer in ahead:
+                    logger.warning("ignored a progress record of %s: its epoch is past the swarm's", peer)
+                    flag(peer, "epoch ahead of the swarm")
+            return super()._parse_swarm_progress_data(kept)
+
+    return GuardedProgressTracker
+
+
+# -- state download ---------------------------------------------------------------------------------------------
+
+
+def order_sources(
+    priorities: dict[str, float], names: dict[str, str], bound: int | None, own_id: str
+) -> tuple[list[str], list[str]]:
+    """The peers to download state from, in order: within the epoch bound, the server's own peers first (when
+    one is as new as the newest candidate less one epoch), then by epoch, newest first. Also the peers left
+    out for advertising an epoch past the bound."""
+    server = swarm_access.SERVER_PEER_USERNAME
+    ahead = [p for p, epoch in priorities.items() if bound is not None and epoch > bound and p != own_id]
+    candidates = {p: e for p, e in priorities.items() if p != own_id and p not in ahead and p in names}
+    if not candidates:
+        return [], ahead
+    newest = max(candidates.values())
+    shuffled = list(candidates)
+    random.shuffle(shuffled)  # ties in any order
+
+    def rank(peer: str) -> tuple[bool, float]:
+        trusted = names.get(peer) == server and candidates[peer] >= newest - 1
+        return (trusted, candidates[peer])
+
+    return sorted(shuffled, key=rank, reverse=True), ahead
+
+
+def check_state(tensors: Sequence[torch.Tensor], reference: Sequence[torch.Tensor] | None) -> str | None:
+    """Why a downloaded state must be refused, or None. ``reference`` is this peer's own parameters (the first
+    tensors of a state are the parameters): a state whose parameters' norm is over STATE_NORM_JUMP times theirs
+    is refused."""
+    for tensor in tensors:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return "state with non-finite values"
+    if reference:
+        own = math.sqrt(sum(float(t.float().norm()) ** 2 for t in reference))
+        theirs = math.sqrt(sum(float(t.float().norm()) ** 2 for t in tensors[: len(reference)]))
+        if own > 0 and theirs > STATE_NORM_JUMP * own:
+            return f"state whose parameters' norm is {theirs / own:.0f}x this peer's"
+    return None
+
+
+def install_state_guard() -> None:
+    """Replace ``DecentralizedAverager._load_state_from_peers`` (it runs in the averager's process)."""
+    from hivemind.averaging.averager import DecentralizedAverager
+    from hivemind.compression import deserialize_torch_tensor
+    from hivemind.p2p import PeerID
+    from hivemind.proto import averaging_pb2
+    from hivemind.utils.asyncio import aiter_with_timeout
+    from hivemind.utils.streaming import combine_from_streaming
+    from hivemind.utils.timed_storage import ValueWithExpiration
+
+    if getattr(DecentralizedAverager._load_state_from_peers, "__swarmhub__", False):
+        return
+
+    async def load_state_from_peers(self: Any, future: Any, timeout: float | None = None) -> None:
+        if timeout is not None:
+            timeout = self.next_chunk_timeout if self.next_chunk_timeout is not None else self.request_timeout
+        try:
+            # blocking DHT reads in the averager's loop, as hivemind's own version of this method makes
+            prefix = self._matchmaking.group_key_manager.prefix
+            found = self.dht.get(f"{prefix}.all_averagers", latest=True)
+            priorities = {}
+            for subkey, info in found.value.items() if found is not None and isinstance(found.value, dict) else ():
+                if isinstance(info, ValueWithExpiration) and isinstance(info.value, int | float):
+                    try:  # the subkeys are peer IDs as bytes
+                        priorities[PeerID(subkey).to_base58()] = float(info.value)
+                    except Exception:  # noqa: S112 - not a peer ID: nobody to download from
+                        continue
+            roster = Roster(self.dht, POLICY.run_id, POLICY.experiment_key)
+            names = roster.usernames()
+            progress = self.dht.get(f"{POLICY.run_id}_progress", latest=True)
+            # judged as a newcomer would (this process's copy of the local epoch is not kept current)
+            _, bound, _ = bounded_progress(progress.value if progress is not None else None, names, POLICY.username)
+            order, ahead = order_sources(priorities, names, bound, self.peer_id.to_base58())
+            for peer in ahead:
+                logger.warning("did not download state from %s: its epoch is past the swarm's (%s)", peer, bound)
+                flag(peer, "state epoch ahead of the swarm")
+            reference = None
+            if not POLICY.trusted_state:
+                main = getattr(self, "main_parameters", None)
+                reference = [p.detach().cpu() for p in main] if main else None
+            for peer in order:
+                logger.info("downloading the swarm's state from %s", peer)
+                try:
+                    stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
+                    stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
+                    metadata, parts, tensors = None, [], []
+                    async for message in aiter_with_timeout(stream, timeout=timeout):
+                        if message.metadata:
+                            metadata = self.serializer.loads(message.metadata)
+                        if message.tensor_part.dtype and parts:
+                            tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+                            parts = []
+                        parts.append(message.tensor_part)
+                    if parts:
+                        tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
+                    if not metadata:
+                        continue
+                    trusted = names.get(peer) == swarm_access.SERVER_PEER_USERNAME
+                    why = check_state(tensors, None if trusted else reference)
+                    if why is not None:
+                        logger.warning("refused the state of %s: %s", peer, why)
+                        flag(peer, why)
+                        continue
+                    future.set_result((metadata, tensors))
+                    return
+                except Exception as exc:
+                    logger.warning("could not download the state of %s: %r", peer, exc)
+        finally:
+            if not future.done():
+                future.set_result(None)
+
+    load_state_from_peers.__swarmhub__ = True  # type: ignore[attr-defined]
+    DecentralizedAverager._load_state_from_peers = load_state_from_peers
+
+
+def install(
+    aggregation: str, target_batch_size: int, run_id: str, experiment_key: Any, username: str, *, trusted: bool = False
+) -> None:
+    """Guard every hivemind averager created after this call in this process (and its children): averaging,
+    state download. Call before creating ``hivemind.Optimizer``; its tracker comes from
+    :func:`make_tracker_class`."""
+    import hivemind.averaging.averager as averager_module
+
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}")
+    POLICY.aggregation = aggregation
+    POLICY.max_weight = float(target_batch_size)
+    POLICY.run_id = run_id
+    POLICY.experiment_key = experiment_key
+    POLICY.trusted_state = trusted
+    POLICY.username = username
+    global _FLAG_QUEUE
+    if _FLAG_QUEUE is None:
+        import multiprocessing
+
+        _FLAG_QUEUE = multiprocessing.get_context("fork").Queue(maxsize=10_000)
+    if not getattr(averager_module.AllReduceRunner, "__swarmhub__", False):
+        runner = make_runner_class()
+        runner.__swarmhub__ = True  # type: ignore[attr-defined]
+        averager_module.AllReduceRunner = runner
+    install_state_guard()
