@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import contributions, experiments, leases, observability, training_data
+from . import contributions, experiments, leases, observability, training_data, witnessed
 from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
@@ -157,16 +157,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     leases.publish(session, run_id, instance, maddrs, swarm.swarm_peers(run_id))
 
     def record_progress(run_id: str, event: dict[str, Any]) -> None:
-        """The monitor peer read the swarm's signed progress records: add them to the ledger."""
+        """The monitor peer read the swarm's signed progress records and what the server's witness published: add
+        them to the ledger (and remove a volunteer whose flags reached the organizer's limit)."""
         contributors = contributions.parse(event.get("contributors"))
-        if not contributors:
+        rounds = witnessed.parse_rounds(event.get("rounds"))
+        flags = witnessed.parse_flags(event.get("flags"))
+        if not contributors and not rounds and not flags:
             return
         with app.state.sessionmaker.begin() as session:
             experiment = experiments.by_run_id(session, run_id)
             if experiment is None:
                 return
-            contributions.record(session, experiment, contributors, utcnow())
+            now = utcnow()
+            if contributors:
+                contributions.record(session, experiment, contributors, now)
+            witnessed.record_rounds(session, experiment, rounds, now)
+            removed = witnessed.record_flags(session, experiment, flags, now)
             slug = experiment.slug
+        if removed:
+            app.state.reconcile_soon()  # the swarm's deny-list, at once
         loop = app.state.loop
         if loop is not None:
             loop.call_soon_threadsafe(live.mark, slug)

@@ -10,9 +10,10 @@ server signed for that volunteer. This module keeps the ledger those observation
 - ``peer_epochs``: per peer and swarm epoch, the largest sample count its records showed, at most twice the
   collaborative batch (``target_batch_size``).
 
-A peer's samples of an epoch are *verified* once the swarm has moved past that epoch (the averaging round that
-closed it has happened), and *pending* while the epoch is still open. Verified counts are a lower bound: the
-samples a peer adds in the moment between the monitor's last read and the epoch's end are not seen.
+A peer's samples in the swarm's open epoch are *pending*: what its records claim, which no one has checked. They
+become *verified* only through ``witnessed.record_rounds``: when the server's auxiliary peer saw the peer take
+part in a completed averaging round, with the weight it counted for there. When the swarm moves past an epoch,
+its pending samples are dropped (whatever was real was credited through the rounds).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from .models import Experiment, ExperimentTotal, PeerEpoch, SwarmPeer, User, VolunteerTotal
+from .models import Experiment, ExperimentTotal, PeerEpoch, RoundCredit, SwarmPeer, User, VolunteerTotal
 
 logger = logging.getLogger("swarmhub.contributions")
 
@@ -129,12 +130,9 @@ def record(session: Session, experiment: Experiment, contributors: list[Contribu
         else:
             added = max(0, samples - row.samples)
             row.samples += added
-        # A late, larger read of a closed epoch adds to verified; the open epoch's samples are pending.
-        change = changes[row.user_id]
-        if row.epoch < open_epoch:
-            change.verified += added
-        else:
-            change.pending += added
+        # The open epoch's samples are pending; a late read of a closed epoch adds nothing (the rounds credit it).
+        if row.epoch >= open_epoch:
+            changes[row.user_id].pending += added
     session.flush()
     _apply(session, experiment.id, totals, changes, moved)
 
@@ -191,23 +189,20 @@ def volunteer_totals(session: Session, experiment_id: int, user_ids: set[int]) -
                 epochs=0,
                 online_seconds=0.0,
                 peak_signed_samples_per_second=0.0,
+                swarm_flags=0,
             )
             session.add(rows[user_id])
     return rows
 
 
 def _close_open_epoch(session: Session, experiment_id: int, totals: ExperimentTotal) -> None:
-    """The swarm moved past its open epoch: what was pending in it is verified, for every volunteer at once."""
+    """The swarm moved past its open epoch: its claims are no longer pending, for every volunteer at once."""
     session.execute(
         update(VolunteerTotal)
         .where(VolunteerTotal.experiment_id == experiment_id, VolunteerTotal.pending_samples > 0)
-        .values(
-            verified_samples=VolunteerTotal.verified_samples + VolunteerTotal.pending_samples,
-            pending_samples=0,
-        )
+        .values(pending_samples=0)
         .execution_options(synchronize_session="fetch")
     )
-    totals.verified_samples += totals.pending_samples
     totals.pending_samples = 0
 
 
@@ -260,7 +255,7 @@ def raise_class_peaks(totals: ExperimentTotal, classes: list[str], peak: float) 
 
 @dataclass
 class Verified:
-    samples: int = 0  # in epochs the swarm has closed
+    samples: int = 0  # credited through witnessed rounds
     pending: int = 0  # in the epoch still open
     epochs: int = 0  # epochs with a record of theirs
     online_seconds: float = 0.0
@@ -273,9 +268,8 @@ def by_user(session: Session, experiment: Experiment) -> dict[int, Verified]:
     from the whole ledger (a scan: pages read ``VolunteerTotal``, which ``record`` keeps equal to this)."""
     result: dict[int, Verified] = {}
     open_epoch = session.scalar(select(func.max(PeerEpoch.epoch)).where(PeerEpoch.experiment_id == experiment.id))
-    if open_epoch is None:
-        return result
-    for closed, condition in ((True, PeerEpoch.epoch < open_epoch), (False, PeerEpoch.epoch == open_epoch)):
+    epochs = ((True, PeerEpoch.epoch < open_epoch), (False, PeerEpoch.epoch == open_epoch))
+    for closed, condition in epochs if open_epoch is not None else ():
         rows = session.execute(
             select(PeerEpoch.user_id, func.sum(PeerEpoch.samples), func.count(PeerEpoch.id))
             .where(PeerEpoch.experiment_id == experiment.id, condition)
@@ -284,10 +278,15 @@ def by_user(session: Session, experiment: Experiment) -> dict[int, Verified]:
         for user_id, samples, epochs in rows:
             entry = result.setdefault(user_id, Verified())
             entry.epochs += int(epochs)
-            if closed:
-                entry.samples += int(samples)
-            else:
+            if not closed:
                 entry.pending += int(samples)
+    credits = session.execute(
+        select(RoundCredit.user_id, func.sum(RoundCredit.credited))
+        .where(RoundCredit.experiment_id == experiment.id)
+        .group_by(RoundCredit.user_id)
+    ).all()
+    for user_id, credited in credits:
+        result.setdefault(user_id, Verified()).samples += int(credited)
     peers = session.execute(
         select(
             SwarmPeer.user_id, SwarmPeer.online_seconds, SwarmPeer.last_seen, SwarmPeer.peak_samples_per_second

@@ -82,7 +82,9 @@ class ExperimentFields(TrainingSettings):
     join_policy: JoinPolicy = JoinPolicy.open
     allowlist: list[str] = Field(default_factory=list, max_length=10_000)
     aux_peer: bool = Field(
-        default=False, description="The server runs an auxiliary peer that helps average (no gradients of its own)"
+        default=True,
+        description="The server runs an auxiliary peer that helps average (no gradients of its own) and witnesses "
+        "every averaging round: only rounds it witnessed count as verified work",
     )
     checkpoint_minutes: float = Field(
         default=10.0,
@@ -96,6 +98,13 @@ class ExperimentFields(TrainingSettings):
         ge=1,
         le=64,
         description="How many peers one volunteer may run in the swarm at once: peer keys with a valid swarm token",
+    )
+    auto_remove_flags: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Remove a volunteer once the server's peers flagged their peers this many times (non-finite "
+        "gradients, an epoch ahead of the swarm, a poisoned state); 0: never",
     )
 
     @field_validator("allowlist", mode="before")
@@ -164,6 +173,7 @@ class ExperimentUpdate(BaseModel):
     aux_peer: bool | None = None
     checkpoint_minutes: float | None = None
     max_peers_per_volunteer: int | None = None
+    auto_remove_flags: int | None = None
     join_policy: JoinPolicy | None = None
     allowlist: list[str] | str | None = None
 
@@ -180,6 +190,7 @@ class ExperimentPublic(ExperimentSummary):
     aux_peer: bool
     checkpoint_minutes: float
     max_peers_per_volunteer: int
+    auto_remove_flags: int
     join_policy: JoinPolicy
     updated_at: datetime
 
@@ -207,6 +218,7 @@ def to_public(experiment: Experiment) -> ExperimentPublic:
         aux_peer=experiment.aux_peer,
         checkpoint_minutes=experiment.checkpoint_minutes,
         max_peers_per_volunteer=experiment.max_peers_per_volunteer,
+        auto_remove_flags=experiment.auto_remove_flags,
         join_policy=JoinPolicy(experiment.join_policy),
         created_at=experiment.created_at,
         updated_at=experiment.updated_at,
@@ -319,6 +331,7 @@ def update(session: Session, experiment: Experiment, data: ExperimentUpdate) -> 
             "aux_peer",
             "checkpoint_minutes",
             "max_peers_per_volunteer",
+            "auto_remove_flags",
             *TRAINING_FIELDS,
         )
     }

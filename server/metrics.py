@@ -550,6 +550,7 @@ _FLAG_COLUMNS = (
     "device_classes",
     "peak_claimed_samples_per_second",
     "peak_signed_samples_per_second",
+    "swarm_flags",
 )
 # An offset from here on walks the index alone to the page (an index-only scan of the rank keys), then reads
 # the page's rows; below it, reading the rows as the index gives them is cheaper than the second lookup. The two
@@ -783,6 +784,11 @@ def _flags(experiment: Experiment, row: TotalRow, references: _ClassReferences) 
         flags.append(
             f"signed records show {signed:,.0f} samples/s; no other {'/'.join(classes)} peer here signed more "
             f"than {max(others):,.0f}"
+        )
+    if row.swarm_flags:
+        flags.append(
+            f"the server's peers refused data from their peers {row.swarm_flags:,} times (non-finite gradients, an "
+            "epoch ahead of the swarm, or a poisoned state)"
         )
     return flags
 

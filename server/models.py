@@ -144,6 +144,8 @@ class Experiment(Base):
     # How many peer keys one volunteer may hold valid swarm tokens for at once (``experiments.swarm_token``).
     # The database's default only: an insert that does not name it (rows written as of an older revision) works.
     max_peers_per_volunteer: Mapped[int] = mapped_column(Integer, server_default=text("4"))
+    # Remove a volunteer once the server's peers flagged them this many times (0: never; the organizer decides)
+    auto_remove_flags: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     # The experiment's swarm token signing key (base64 DER). It never leaves the server.
     signing_key: Mapped[str] = mapped_column(Text)
     join_policy: Mapped[str] = mapped_column(String(16), default="open")  # open / invite / allowlist
@@ -263,6 +265,53 @@ class SwarmPeer(Base):
     online_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     record_time: Mapped[float] = mapped_column(Float, default=0.0)  # the newest record's own timestamp
     peak_samples_per_second: Mapped[float] = mapped_column(Float, default=0.0)
+    last_round_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # its newest witnessed round
+
+
+class WitnessedRound(Base):
+    """A gradient averaging round that the server's auxiliary peer took part in and saw complete (``worker/witness.py``):
+    with its :class:`RoundCredit` rows, the ledger of verified work."""
+
+    __tablename__ = "witnessed_rounds"
+    __table_args__ = (UniqueConstraint("experiment_id", "round_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    round_id: Mapped[str] = mapped_column(String(64))  # hivemind's group ID, hex
+    epoch: Mapped[int] = mapped_column(BigInteger)  # the witness's epoch when the round ran
+    witnessed_at: Mapped[datetime] = mapped_column(UTCDateTime)  # the witness's clock at the round's end
+
+
+class RoundCredit(Base):
+    """One sender of a witnessed round: the weight it counted for in the average (as the server's reducer capped
+    it) and the samples credited for it (``contributions.record_rounds``)."""
+
+    __tablename__ = "round_credits"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    round_pk: Mapped[int] = mapped_column(ForeignKey("witnessed_rounds.id", ondelete="CASCADE"), index=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    peer_id: Mapped[str] = mapped_column(String(64))
+    weight: Mapped[float] = mapped_column(Float)
+    credited: Mapped[int] = mapped_column(BigInteger)
+
+
+class SwarmFlag(Base):
+    """Something the server's own peer refused from a volunteer's peer (non-finite gradients, an epoch ahead of the
+    swarm, a poisoned state), as its witness record reported it."""
+
+    __tablename__ = "swarm_flags"
+    __table_args__ = (UniqueConstraint("experiment_id", "event_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    peer_id: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(String(200))
+    event_id: Mapped[str] = mapped_column(String(64))
+    count: Mapped[int] = mapped_column(Integer)
+    flagged_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class PeerEpoch(Base):
@@ -325,6 +374,8 @@ class VolunteerTotal(Base):
     online_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     last_signed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     peak_signed_samples_per_second: Mapped[float] = mapped_column(Float, default=0.0)
+    # times the server's peers flagged this volunteer's peers (SwarmFlag), for the organizer's view
+    swarm_flags: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
 
 class ExperimentTotal(Base):
@@ -340,6 +391,9 @@ class ExperimentTotal(Base):
     max_epoch: Mapped[int | None] = mapped_column(BigInteger)  # the swarm's open epoch, as its signed records show
     # device class -> the fastest signed rate of a volunteer with a worker of that class (the flags' reference)
     signed_peaks: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    # device class -> the two fastest witnessed rates of different volunteers, [[rate, user_id], ...]: the bound on
+    # what another volunteer of the class is credited per second (contributions.record_rounds)
+    witnessed_peaks: Mapped[dict[str, list[list[float]]]] = mapped_column(JSON, server_default=text("'{}'"))
 
 
 # The leaderboard's order: an index scan that stops at the page.

@@ -90,7 +90,54 @@ def read_progress(dht: Any, run_id: str, experiment_key: Any = None) -> dict[str
             }
         )
     event["contributors"] = contributors
+    event["rounds"], event["flags"] = read_witness(dht, run_id, roster, admitted)
     return event
+
+
+def read_witness(dht: Any, run_id: str, roster: Any, admitted: dict[str, float]) -> tuple[list[Any], list[Any]]:
+    """The rounds and flags that the server's own peers published (``worker/witness.py``), their peers attributed
+    through the roster. A record counts only when the key that signed it holds a valid token as the server's peer:
+    a volunteer's peer can publish under this key too, and is ignored."""
+    from swarmhub.worker import swarm_access, witness
+
+    record = dht.get(witness.witness_key(run_id), latest=True)
+    rounds: dict[str, Any] = {}
+    flags: dict[str, Any] = {}
+    if record is None or not isinstance(record.value, dict):
+        return [], []
+
+    def attributed(peer_id: Any) -> str | None:
+        return roster.username_of(peer_id) if isinstance(peer_id, str) and peer_id in admitted else None
+
+    for subkey, entry in record.value.items():
+        owner = swarm_access.record_owner(subkey)
+        try:
+            signer = swarm_access.peer_id_for_public_key(owner) if owner else None
+        except ValueError:
+            signer = None
+        if signer is None or signer not in admitted or roster.username_of(signer) != swarm_access.SERVER_PEER_USERNAME:
+            continue
+        value = entry.value if isinstance(entry.value, dict) else {}
+        for item in value.get("rounds", []) if isinstance(value.get("rounds"), list) else []:
+            try:
+                senders = [
+                    {"peer_id": peer, "username": name, "weight": float(weight)}
+                    for peer, weight in item["senders"]
+                    if (name := attributed(peer)) is not None and name != swarm_access.SERVER_PEER_USERNAME
+                ]
+                rounds[str(item["id"])] = {
+                    "id": str(item["id"]),
+                    "epoch": int(item["epoch"]),
+                    "time": float(item["time"]),
+                    "senders": senders,
+                }
+            except (KeyError, TypeError, ValueError):
+                continue
+        for item in value.get("flags", []) if isinstance(value.get("flags"), list) else []:
+            if isinstance(item, dict) and (name := attributed(item.get("peer_id"))) is not None:
+                if name != swarm_access.SERVER_PEER_USERNAME:
+                    flags[str(item.get("id"))] = {**item, "username": name}
+    return list(rounds.values()), list(flags.values())
 
 
 def main(argv: list[str] | None = None) -> int:

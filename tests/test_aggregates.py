@@ -1,6 +1,7 @@
 """Running totals: after a realistic run of reports and reads of the swarm's signed records, the leaderboard
 and summary read from ``VolunteerTotal``/``ExperimentTotal`` equal a recount from every stored row, and keep
-the ledger's documented meaning (verified once the swarm moved past an epoch, pending while it is open).
+the ledger's documented meaning (verified: credited through rounds the server's peer witnessed; pending: claimed
+by records in the open epoch).
 SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from swarmhub.server import contributions, experiments, metrics
+from swarmhub.server import contributions, experiments, metrics, witnessed
 from swarmhub.server.models import Experiment, MetricPoint, User, VolunteerTotal, WorkerRun, utcnow
 from swarmhub.worker.protocol import MetricReport
 
@@ -165,6 +166,17 @@ class Run:
             experiment = session.get(Experiment, self.experiment_id)
             contributions.record(session, experiment, contributions.parse(observed), now)
 
+    def witness(self, seconds: float, round_id: str, epoch: int, *senders: tuple[str, str, float]) -> int:
+        """One read of the server's witness record at ``t0 + seconds`` holding one round: (username, peer, weight)."""
+        now = self.t0 + timedelta(seconds=seconds)
+        rounds = [
+            {"id": round_id, "epoch": epoch, "time": now.timestamp(),
+             "senders": [{"peer_id": peer, "username": name, "weight": weight} for name, peer, weight in senders]}
+        ]  # fmt: skip
+        with self.db.begin() as session:
+            experiment = session.get(Experiment, self.experiment_id)
+            return witnessed.record_rounds(session, experiment, witnessed.parse_rounds(rounds), now)
+
     def check(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The aggregated leaderboard and summary equal the recount; returns them."""
         with self.db() as session:
@@ -212,9 +224,12 @@ def test_totals_equal_a_recount_through_epochs_duplicates_late_reads_and_a_remov
     assert not run.report(ada_gpu, 100, 80.0, seq=0)
     assert run.report(ada_gpu, 10, 70.0, seq=100) and run.report(ada_gpu, 5, 1.0, seq=50)
 
-    # The swarm moves to epoch 2 in the middle of one read: epoch 1 closes for everyone, Grace's late epoch-1
-    # count in the same read is verified at once, and reads that do not advance change nothing more.
+    # The swarm moves to epoch 2: epoch 1's claims are no longer pending. The server's witness saw epoch 1's round
+    # with each peer's weight: that is what is verified (read twice, counted once).
     run.read(2, ("ada", "QmA1", 2, 10, 20.0), ("Grace", "QmG", 1, 60, 15.0), ("bob", "QmB", 2, 7, 9.0))
+    epoch_1 = [("ada", "QmA1", 40.0), ("ada", "QmA2", 100.0), ("Grace", "QmG", 60.0), ("zed", "QmZ", 25.0)]
+    assert run.witness(2.5, "g1", 1, *epoch_1) == 1
+    assert run.witness(2.6, "g1", 1, *epoch_1) == 0
     board, summary = run.check()
     rows = {r["username"]: r for r in board}
     assert (rows["ada"]["samples"], rows["ada"]["pending_samples"]) == (140, 10)
@@ -235,21 +250,23 @@ def test_totals_equal_a_recount_through_epochs_duplicates_late_reads_and_a_remov
         )
         assert ws.receive_json()["removed"] is True
 
-    # mallory claims a lot, fast, with nothing signed; bob reports on the one mps run; epoch 3 opens; a late,
-    # larger read of closed epoch 1 (capped at twice the batch) and of epoch 2 once it has closed.
+    # mallory claims a lot, fast, with nothing signed; bob reports on the one mps run; epoch 3 opens; late, larger
+    # reads of closed epochs add nothing; the witness's round of epoch 2 credits ada and bob.
     assert run.report(workers["mallory"][0], 40_000, 900.0, epoch=2)
     assert run.report(workers["bob"][0], 12, 9.0, epoch=2)
     run.read(3, ("ada", "QmA1", 3, 50, 25.0), ("bob", "QmB", 2, 12, 9.0))
     run.read(4, ("ada", "QmA2", 1, 5000, 80.0), ("bob", "QmB", 2, 20, 9.0), ("ada", "QmA1", 3, 45, 25.0))
+    assert run.witness(4.5, "g2", 2, ("ada", "QmA1", 10.0), ("bob", "QmB", 20.0), ("mallory", "QmM", 1e9)) == 1
     board, summary = run.check()
     rows = {r["username"]: r for r in board}
-    assert (rows["ada"]["samples"], rows["ada"]["pending_samples"]) == (40 + 256 + 10, 50)
+    assert (rows["ada"]["samples"], rows["ada"]["pending_samples"]) == (140 + 10, 50)
     assert (rows["bob"]["samples"], rows["bob"]["pending_samples"]) == (20, 0)
     assert rows["zed"]["claimed_samples"] == 25 and rows["zed"]["samples"] == 25
     assert rows["mallory"]["flags"] == ["unbacked", "rate:cpu"]
     assert rows["ada"]["flags"] == [] and rows["Grace"]["flags"] == []
     assert [r["username"] for r in board] == ["ada", "Grace", "zed", "bob", "mallory"]
-    assert summary["verified_samples"] == 306 + 60 + 25 + 20
+    assert rows["mallory"]["samples"] == 0  # a round's sender with no record yet: no time to credit it for
+    assert summary["verified_samples"] == 150 + 60 + 25 + 20
     assert summary["total_samples"] == 40 + 10 + 30 + 25 + 40_000 + 12
 
     # A peer that later signs for another account moves its time and peaks there; its epochs stay where
@@ -268,8 +285,12 @@ def test_totals_equal_a_recount_through_epochs_duplicates_late_reads_and_a_remov
     # mallory now also signs records at the rate she claims: she holds the cpu class's fastest signed rate, so
     # her claim is no longer far above it; her signed rate is held against the other cpu peers' instead.
     run.read(6, ("mallory", "QmM", 3, 40, 2000.0))
+    # a round one second later where she claims a huge weight: credited at most RATE_FACTOR times the fastest
+    # other cpu volunteer's witnessed rate (ada's 100 samples over 2.5 s) for that second
+    assert run.witness(7, "g3", 3, ("mallory", "QmM", 1e9)) == 1
     board, _ = run.check()
     rows = {r["username"]: r for r in board}
+    assert rows["mallory"]["samples"] == witnessed.RATE_FACTOR * 40 * 1
     assert "rate:cpu" not in rows["mallory"]["flags"] and "signed:cpu" in rows["mallory"]["flags"]
     assert rows["ada"]["flags"] == [] and rows["Grace"]["flags"] == []  # ada (cpu and cuda) has no other cuda peer
 

@@ -59,7 +59,8 @@ elif attack == "hijack":  # the state it serves, the priority it advertises, the
     def poisoned_state(self):
         metadata, tensors, infos = state(self)
         n = len(self.main_parameters)
-        return dict(metadata, epoch=metadata["epoch"] + 1000), [t * 100 if i < n else t for i, t in enumerate(tensors)], infos
+        scaled = [t * 100 if i < n else t for i, t in enumerate(tensors)]
+        return dict(metadata, epoch=metadata["epoch"] + 1000), scaled, infos
     TrainingStateAverager.get_current_state = poisoned_state
     priority = DecentralizedAverager.state_sharing_priority
     DecentralizedAverager.state_sharing_priority = property(

@@ -1,5 +1,6 @@
-"""Verified contributions: the monitor credits signed progress records to the volunteer whose token holds the
-signing key (real peers on 127.0.0.1), and the ledger and leaderboard built from them (SQLite and PostgreSQL)."""
+"""Contributions: the monitor attributes signed progress records to the volunteer whose token holds the signing key
+(real peers on 127.0.0.1); the ledger keeps them as pending claims and time online, verifies work only through the
+rounds the server's witness saw, and the leaderboard is built from both (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 
-from swarmhub.server import contributions, experiments, metrics
+from swarmhub.server import contributions, experiments, metrics, witnessed
 from swarmhub.server.models import utcnow
 
 from .conftest import api_token, make_experiment, make_user
@@ -121,7 +122,19 @@ def feed(db, experiment_id: int, observations: list[dict], now) -> None:
         contributions.record(session, experiment, contributions.parse(observations), now)
 
 
-def test_ledger_counts_closed_epochs_once_and_time_between_fresh_records(db):
+def witness(db, experiment_id: int, now, *rounds: tuple[str, int, list[tuple[str, str, float]]]) -> int:
+    """What the monitor hands over from the server's witness record: rounds of (id, epoch, senders)."""
+    items = [
+        {"id": round_id, "epoch": epoch, "time": now.timestamp(),
+         "senders": [{"username": name, "peer_id": peer, "weight": weight} for name, peer, weight in senders]}
+        for round_id, epoch, senders in rounds
+    ]  # fmt: skip
+    with db.begin() as session:
+        experiment = session.get(experiments.Experiment, experiment_id)
+        return witnessed.record_rounds(session, experiment, witnessed.parse_rounds(items), now)
+
+
+def test_records_are_pending_claims_and_time_online_never_verified_work(db):
     organizer, ada, grace = make_user(db, "olga"), make_user(db, "ada"), make_user(db, "grace")
     experiment = make_experiment(db, organizer, slug="ledger", status="running")  # target batch 128
     t0 = utcnow()
@@ -132,7 +145,7 @@ def test_ledger_counts_closed_epochs_once_and_time_between_fresh_records(db):
     feed(
         db, experiment.id, [observation("ada", "QmA", 1, 90, ts + 2), observation("grace", "QmG", 1, 5000, ts + 2)], t1
     )
-    # The swarm moves to epoch 2: epoch 1 is closed (verified); epoch 2 is pending.
+    # The swarm moves to epoch 2: epoch 1's claims are dropped (no witnessed round credits them); epoch 2 is pending.
     t2 = t0 + timedelta(seconds=4)
     feed(db, experiment.id, [observation("ada", "QmA", 2, 10, ts + 4), observation("grace", "QmG", 1, 500, ts + 2)], t2)
     # ada's peer goes quiet for a minute, then comes back: the silence is not time online.
@@ -141,8 +154,8 @@ def test_ledger_counts_closed_epochs_once_and_time_between_fresh_records(db):
     with db() as session:
         exp = session.get(experiments.Experiment, experiment.id)
         verified = contributions.by_user(session, exp)
-    assert (verified[ada.id].samples, verified[ada.id].pending) == (90, 60)
-    assert (verified[grace.id].samples, verified[grace.id].pending) == (256, 0)
+    assert (verified[ada.id].samples, verified[ada.id].pending) == (0, 60)
+    assert (verified[grace.id].samples, verified[grace.id].pending) == (0, 0)
     assert verified[ada.id].online_seconds == pytest.approx(4.0)
     assert verified[grace.id].online_seconds == pytest.approx(2.0)  # its record stopped changing at ts + 2
     assert verified[ada.id].last_seen == t3 and verified[grace.id].last_seen == t1
@@ -198,6 +211,10 @@ def test_leaderboard_ranks_verified_work_and_flags_implausible_claims_for_the_or
         + [observation("mallory", "QmM", 2, 20, ts, sps=12.0)],  # mallory's peer did a little real work
         now,
     )
+    # The server's witness saw the rounds that closed epochs 1-3, each 10 s apart, and who sent what in them.
+    for epoch in (1, 2, 3):
+        senders = [("ada", "QmA", 100.0), ("grace", "QmG", 28.0)] + ([("mallory", "QmM", 20.0)] if epoch == 2 else [])
+        assert witness(db, experiment.id, now + timedelta(seconds=10 * epoch), (f"round-{epoch}", epoch, senders)) == 1
     report(client, api_token(client, "ada"), workers["ada"], 0, 310, 48.0)
     report(client, api_token(client, "grace"), workers["grace"], 0, 112, 16.0)
     # mallory's worker claims far more, and far faster, than the swarm saw it do.

@@ -34,7 +34,7 @@ import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,9 @@ class Policy:
     experiment_key: Any = None  # the experiment's public key: reads the roster (who is the server's peer)
     trusted_state: bool = False  # this process is the server's own peer: its norm check has no reference
     username: str | None = None  # whose peer this is: its own account's records are not a vote
+    # The server's auxiliary peer: called (in the averager's process) with each completed gradient round's id
+    # and its senders with their capped weights (``witness.Witness``)
+    witness: Callable[[str, list[tuple[str, float]]], None] | None = None
 
 
 POLICY = Policy()
@@ -277,6 +280,26 @@ def make_runner_class() -> type:
                 register(peer_index, part_index, delta)
 
             container.register_processed_part = register_finite
+
+        async def run(self) -> Any:
+            async for delta in super().run():
+                yield delta
+            if POLICY.witness is not None and (self._prefix or "").endswith("_grad_averager"):
+                self._witness()
+
+        def _witness(self) -> None:
+            """The server's peer saw this gradient round complete: each sender that sent it every part of its
+            slice, finite, with the weight it counted for."""
+            reducer = self.tensor_part_reducer
+            if reducer.num_parts == 0:
+                return  # this peer reduced nothing in this round: it saw no sender's weight
+            weights = capped_weights(reducer.claimed, POLICY.max_weight)
+            senders = [
+                (peer, weight)
+                for i, (peer, weight) in enumerate(zip(reducer.sender_ids, weights, strict=True))
+                if reducer.num_parts_received[i] == reducer.num_parts and i not in reducer.dropped and weight > 0
+            ]
+            POLICY.witness(self.group_id.hex(), senders)
 
     return GuardedAllReduceRunner
 

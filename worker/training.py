@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import torch
 from pydantic import ValidationError
 
-from . import load_balancing, robust, swarm_access
+from . import load_balancing, robust, swarm_access, witness
 from .client import ExitCode, WorkerError
 from .optim import Lamb
 from .protocol import Control, JoinResponse, MetricReport, OptimizerName, Overlap, SwarmToken, TrainingSettings
@@ -361,6 +361,10 @@ def train(
                 join.username,
                 trusted=join.username == swarm_access.SERVER_PEER_USERNAME,
             )
+            server_witness = None
+            if auxiliary and join.username == swarm_access.SERVER_PEER_USERNAME:
+                witness.install()  # the server's auxiliary peer records who took part in each round
+                server_witness = witness.Witness(dht, join.run_id, access.key.get_public_key().to_bytes())
             with _sigint_handler_kept():
                 opt = SwarmOptimizer(
                     dht=dht,
@@ -386,7 +390,12 @@ def train(
                 return summary
             if auxiliary:
                 _assist(
-                    opt, summary, should_stop, pause=stop_event.wait, keep_access=lambda: access.keep_published(dht)
+                    opt,
+                    summary,
+                    should_stop,
+                    pause=stop_event.wait,
+                    keep_access=lambda: access.keep_published(dht),
+                    server_witness=server_witness,
                 )
                 return summary
             if should_stop() is None:
@@ -431,13 +440,21 @@ def _assist(
     pause: Callable[[float], Any],
     keep_access: Callable[[], None],
     interval: float = 0.2,
+    server_witness: witness.Witness | None = None,
 ) -> None:
     """An auxiliary peer: no gradients of its own; each ``opt.step()`` joins the swarm's averaging rounds when
-    an epoch ends, lending this machine's bandwidth to the all-reduce."""
+    an epoch ends, lending this machine's bandwidth to the all-reduce. The server's auxiliary peer also
+    publishes the rounds it saw complete (``server_witness``)."""
     last_report = time.monotonic()
     while (reason := should_stop()) is None:
+        epoch = opt.local_epoch
         opt.step()
         summary.epoch = opt.local_epoch
+        if server_witness is not None:
+            try:
+                server_witness.publish(epoch)
+            except Exception as exc:  # the peer keeps averaging whatever the DHT does
+                logger.warning("could not publish the witnessed rounds: %r", exc)
         if time.monotonic() - last_report >= REPORT_EVERY_SECONDS:
             keep_access()
             last_report = time.monotonic()

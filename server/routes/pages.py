@@ -33,6 +33,7 @@ EXPERIMENT_FIELDS = (
     "aux_peer",
     "checkpoint_minutes",
     "max_peers_per_volunteer",
+    "auto_remove_flags",
     *[f for f in TrainingSettings.model_fields if f not in ("task", "task_params")],
 )
 
@@ -223,6 +224,8 @@ def new_experiment_page(request: Request, user: RequiredPageUser, web: WebSess) 
         "join_policy": "open",
         "allowlist": [],
         "max_peers_per_volunteer": experiments.DEFAULT_MAX_PEERS_PER_VOLUNTEER,
+        "aux_peer": True,  # the swarm's witness: without it no work counts as verified
+        "auto_remove_flags": 0,
     }
     return _form_page(request, user, web, values=defaults, errors={})
 

@@ -1,0 +1,133 @@
+"""What a peer accepts from strangers (``worker/robust.py``), through the pieces' own interfaces: hivemind's reducer
+protocol (``accumulate_part``), the epoch bound, the state checks; and the ``aggregation`` setting through the API.
+The same protections against real attacking processes are in ``test_byzantine_swarm.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+
+from swarmhub.worker import robust, swarm_access
+
+from .conftest import api_token, make_user
+
+
+def reduce(parts: list[torch.Tensor], weights: list[float], aggregation: str, max_weight: float = math.inf):
+    """One slice through the guarded reducer, every sender concurrently, as hivemind's all-reduce calls it."""
+    robust.POLICY.aggregation, robust.POLICY.max_weight = aggregation, max_weight
+    reducer = robust.make_reducer_class()([parts[0].shape], len(parts), [f"peer-{i}" for i in range(len(parts))])
+
+    async def run() -> list[torch.Tensor]:
+        calls = [reducer.accumulate_part(i, 0, part, weight=w) for i, (part, w) in enumerate(zip(parts, weights))]
+        return await asyncio.gather(*calls)
+
+    try:
+        results = asyncio.run(run())
+    finally:
+        robust.POLICY.aggregation, robust.POLICY.max_weight = "mean", math.inf
+    assert all(torch.equal(results[0], r) for r in results)  # every sender gets the same average back
+    return results[0]
+
+
+def honest(n: int = 3, size: int = 2000, seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.ones(size) + 0.1 * torch.randn(size, generator=generator) for _ in range(n)]
+
+
+def test_the_plain_mean_is_hivemind_s_weighted_mean():
+    parts = honest()
+    result = reduce(parts, [10.0, 20.0, 30.0], "mean")
+    expected = (10 * parts[0] + 20 * parts[1] + 30 * parts[2]) / 60
+    assert torch.allclose(result, expected, atol=1e-6)
+
+
+def test_a_non_finite_part_is_dropped_and_its_sender_flagged():
+    robust.take_flags()
+    parts = [*honest(), torch.full((2000,), float("nan"))]
+    result = reduce(parts, [1.0, 1.0, 1.0, 1.0], "mean")
+    assert torch.allclose(result, sum(parts[:3]) / 3, atol=1e-6)
+    assert robust.take_flags() == {"peer-3": {"non-finite gradients": 1}}
+
+
+def test_a_huge_claimed_weight_counts_at_most_twice_the_median_and_never_over_the_batch():
+    parts = [*honest(), torch.full((2000,), 50.0)]
+    result = reduce(parts, [64.0, 64.0, 64.0, 1e12], "mean", max_weight=256.0)
+    # the liar counts as 128 (2 x the median claim), not as 1e12: its share is 128 / 320
+    expected = (64 * (parts[0] + parts[1] + parts[2]) + 128 * parts[3]) / 320
+    assert torch.allclose(result, expected, atol=1e-5)
+    assert robust.capped_weights([64.0, 1e12], max_weight=256.0) == [64.0, 256.0]  # two senders: the batch caps it
+    assert robust.capped_weights([64.0, float("inf"), -5.0, float("nan")]) == [64.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("attack", ["x-1000", "x100", "noise"])
+def test_centered_clip_stays_near_the_honest_parts_where_the_mean_does_not(attack):
+    parts = honest()
+    mean_honest = sum(parts) / 3
+    norm = mean_honest.norm()
+    generator = torch.Generator().manual_seed(1)
+    bad = {
+        "x-1000": -1000 * parts[0],
+        "x100": 100 * parts[0],
+        "noise": (lambda n: n * norm / n.norm())(torch.randn(2000, generator=generator)),
+    }[attack]
+    weights = [1.0, 1.0, 1.0, 1.0]
+    clipped = reduce([*parts, bad], weights, "centered-clip")
+    plain = reduce([*parts, bad], weights, "mean")
+    assert (clipped - mean_honest).norm() < 0.1 * norm  # within 10 % of the honest mean
+    if attack != "noise":
+        assert (plain - mean_honest).norm() > 10 * norm
+
+
+def test_centered_clip_of_honest_parts_is_their_mean_within_their_spread():
+    parts = honest(4)
+    spread = max((p - sum(parts) / 4).norm() for p in parts)
+    assert (reduce(parts, [1.0] * 4, "centered-clip") - sum(parts) / 4).norm() < 0.2 * spread
+
+
+def test_the_swarm_s_epoch_has_one_vote_per_account():
+    # from ada's view (epoch 7): bob is at 7, mallory says 1007 with two peers; the lower median of the other
+    # accounts' votes is 7, so records past 8 are ignored
+    entries = [("ada", 7), ("bob", 7), ("mallory", 1007), ("mallory", 1007)]
+    assert robust.epoch_bound(entries, "ada", 7) == 8
+    # a newcomer at epoch 0 judges the same way
+    assert robust.epoch_bound([*entries, ("joan", 0)], "joan", 0) == 8
+    # an account that forges a low epoch does not hold back a peer further on
+    assert robust.epoch_bound([("ada", 7), ("mallory", 0)], "ada", 7) == 8
+    # alone, or with only its own account: nothing to judge by
+    assert robust.epoch_bound([("ada", 7)], "ada", 7) is None
+
+
+def test_state_comes_from_the_server_s_peer_first_and_never_from_past_the_bound():
+    names = {"srv": swarm_access.SERVER_PEER_USERNAME, "a": "ada", "m": "mallory", "b": "bob"}
+    order, ahead = robust.order_sources({"srv": 9.0, "a": 10.0, "m": 1010.0, "b": 8.0}, names, bound=11, own_id="me")
+    assert order == ["srv", "a", "b"] and ahead == ["m"]
+    # a server peer far behind (a checkpoint minutes old) is not preferred over the swarm's newest state
+    order, _ = robust.order_sources({"srv": 2.0, "a": 10.0}, names, bound=11, own_id="me")
+    assert order == ["a", "srv"]
+    # peers not on the roster are never asked
+    assert robust.order_sources({"x": 5.0}, names, bound=None, own_id="me") == ([], [])
+
+
+def test_a_state_with_non_finite_values_or_a_jump_in_norm_is_refused():
+    own = [torch.ones(10), torch.ones(5)]
+    assert robust.check_state([torch.ones(10) * 2, torch.ones(5), torch.zeros(3)], own) is None
+    assert "non-finite" in robust.check_state([torch.ones(10), torch.full((5,), float("inf"))], own)
+    assert "norm" in robust.check_state([torch.ones(10) * 100, torch.ones(5) * 100], own)
+    assert robust.check_state([torch.ones(10) * 100, torch.ones(5) * 100], None) is None  # the server's peer
+
+
+def test_the_organizer_picks_the_aggregation_and_workers_get_it(client, db):
+    make_user(db, "olga")
+    auth = api_token(client, "olga")
+    body = {"slug": "robust-digits", "title": "Robust digits", "task": "digits", "aggregation": "centered-clip"}
+    created = client.post("/api/experiments", json=body, headers=auth)
+    assert created.status_code == 201, created.text
+    assert created.json()["aggregation"] == "centered-clip"
+    bad = client.patch("/api/experiments/robust-digits", json={"aggregation": "median"}, headers=auth)
+    assert bad.status_code == 422 and "aggregation" in bad.text
+    changed = client.patch("/api/experiments/robust-digits", json={"aggregation": "mean"}, headers=auth)
+    assert changed.status_code == 200 and changed.json()["aggregation"] == "mean"
+    assert client.get("/api/experiments/robust-digits", headers=auth).json()["aggregation"] == "mean"

@@ -1,0 +1,99 @@
+"""The server's auxiliary peer as the swarm's witness: which peers took part in each completed gradient round,
+with what weight, and whom the server's peer refused.
+
+Volunteers are strangers; the server's peers are the only ones the hub vouches for. The server's auxiliary peer
+takes part in every gradient averaging round as a reducer (it computes no gradients; every reachable peer
+reduces a slice of the vector, see ``load_balancing``), so its reducer receives a slice from every sender with
+the weight that sender claimed. When a round completes there, the reducer reports its senders (each with its
+weight as counted: capped, see ``robust.capped_weights``; a sender whose slice was not finite or incomplete is
+left out) through :data:`robust.POLICY`'s ``witness`` hook; :class:`Witness` collects these in the peer's main
+process and publishes the newest ones, with the peers it flagged, as a DHT record under
+``{run_id}_witness``, signed by the server peer's own key (an owner subkey, as the roster's entries are). The
+server's monitor peer reads it and hands it to the ledger, which counts only these rounds as verified work.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+from . import robust, swarm_access
+
+logger = logging.getLogger(__name__)
+
+KEEP_ROUNDS = 32  # rounds in the published record: the monitor reads it about every second
+KEEP_FLAGS = 64
+REPUBLISH_SECONDS = 60.0  # unchanged records are stored again before they expire (RECORD_SECONDS)
+RECORD_SECONDS = 600.0
+_QUEUE: Any = None  # averager processes -> the peer's main process; made before hivemind forks
+
+
+def witness_key(run_id: str) -> str:
+    return f"{run_id}_witness"
+
+
+def _record_round(round_id: str, senders: list[tuple[str, float]]) -> None:
+    try:
+        _QUEUE.put_nowait((round_id, time.time(), senders))
+    except Exception as exc:  # a full queue: the round goes unrecorded rather than blocking averaging
+        logger.warning("could not record round %s: %r", round_id, exc)
+
+
+def install() -> None:
+    """Make this process (the server's auxiliary peer) a witness. Call before creating ``hivemind.Optimizer``."""
+    import multiprocessing
+
+    global _QUEUE
+    if _QUEUE is None:
+        _QUEUE = multiprocessing.get_context("fork").Queue(maxsize=10_000)
+    robust.POLICY.witness = _record_round
+
+
+class Witness:
+    """Publishes the rounds the averager processes saw complete, and this peer's flags, in the DHT."""
+
+    def __init__(self, dht: Any, run_id: str, public_key: bytes):
+        self.dht, self.run_id, self.public_key = dht, run_id, public_key
+        self.rounds: deque[dict[str, Any]] = deque(maxlen=KEEP_ROUNDS)
+        self.flags: deque[dict[str, Any]] = deque(maxlen=KEEP_FLAGS)
+        self._stored_at = 0.0
+
+    def publish(self, epoch: int) -> None:
+        """Collect what happened since the last call (rounds of ``epoch``, the epoch the peer was in before its
+        last step) and store the record when something is new or it nears expiry."""
+        import queue
+
+        changed = False
+        while _QUEUE is not None:
+            try:
+                round_id, at, senders = _QUEUE.get_nowait()
+            except (queue.Empty, OSError, ValueError):
+                break
+            self.rounds.append(
+                {"id": round_id, "epoch": int(epoch), "time": at, "senders": [[p, float(w)] for p, w in senders]}
+            )
+            changed = True
+        for peer_id, reasons in robust.take_flags().items():
+            for reason, count in reasons.items():
+                self.flags.append({"id": uuid.uuid4().hex, "peer_id": peer_id, "reason": reason, "count": count})
+                changed = True
+        if changed or time.monotonic() - self._stored_at >= REPUBLISH_SECONDS:
+            self.store()
+
+    def store(self) -> None:
+        from hivemind.utils.timed_storage import get_dht_time
+
+        value = {"rounds": list(self.rounds), "flags": list(self.flags)}
+        stored = self.dht.store(
+            witness_key(self.run_id),
+            subkey=swarm_access.roster_subkey(self.public_key),
+            value=value,
+            expiration_time=get_dht_time() + RECORD_SECONDS,
+        )
+        if stored:
+            self._stored_at = time.monotonic()
+        else:
+            logger.warning("could not publish the witnessed rounds")
