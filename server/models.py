@@ -269,8 +269,8 @@ class SwarmPeer(Base):
 
 
 class WitnessedRound(Base):
-    """A gradient averaging round that the server's auxiliary peer took part in and saw complete (``worker/witness.py``):
-    with its :class:`RoundCredit` rows, the ledger of verified work."""
+    """A gradient averaging round that the server's auxiliary peer took part in and saw complete
+    (``worker/witness.py``): with its :class:`RoundCredit` rows, the ledger of verified work."""
 
     __tablename__ = "witnessed_rounds"
     __table_args__ = (UniqueConstraint("experiment_id", "round_id"),)

@@ -12,8 +12,8 @@ monitor peer reads that record and attributes each sender through the roster. Th
 What a sender is credited for a round is its weight there, which the reducers already capped (at the target
 batch, and at twice the round's median claim with three senders or more), and at most RATE_FACTOR times what
 the fastest other volunteer of its device class was credited per second, times the time since this peer's
-previous witnessed round (``_rate_bound``). A peer that publishes records, claims a huge batch or a made-up rate gains nothing
-beyond that: only rounds that the server's peer saw it send a full, finite slice to count.
+previous witnessed round (``_rate_bound``). A peer that publishes records, claims a huge batch or a made-up rate
+gains nothing beyond that: only rounds in which the server's peer received a full, finite slice from it count.
 """
 
 from __future__ import annotations
