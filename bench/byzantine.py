@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -81,6 +82,8 @@ def bootstrap(folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str],
     for line in proc.stdout:
         event = json.loads(line)
         if event.get("event") == "ready":
+            # keep reading its progress lines: a full pipe would block the peer, and then its shutdown
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
             return proc, run_id, event["maddrs"], swarm_access.signing_key_from_text(key_text)
     raise RuntimeError("the bootstrap peer did not start")
 

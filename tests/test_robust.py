@@ -18,9 +18,10 @@ from .conftest import api_token, make_user
 def reduce(parts: list[torch.Tensor], weights: list[float], aggregation: str, max_weight: float = math.inf):
     """One slice through the guarded reducer, every sender concurrently, as hivemind's all-reduce calls it."""
     robust.POLICY.aggregation, robust.POLICY.max_weight = aggregation, max_weight
-    reducer = robust.make_reducer_class()([parts[0].shape], len(parts), [f"peer-{i}" for i in range(len(parts))])
+    reducer_class = robust.make_reducer_class()
 
-    async def run() -> list[torch.Tensor]:
+    async def run() -> list[torch.Tensor]:  # made in the loop, as hivemind's all-reduce makes it
+        reducer = reducer_class([parts[0].shape], len(parts), [f"peer-{i}" for i in range(len(parts))])
         calls = [reducer.accumulate_part(i, 0, part, weight=w) for i, (part, w) in enumerate(zip(parts, weights))]
         return await asyncio.gather(*calls)
 

@@ -77,6 +77,12 @@ _FLAGS_LOCK = threading.Lock()
 _FLAG_QUEUE: Any = None
 
 
+# Reasons that are evidence of a peer's own data being wrong. An epoch past the bound is not: an honest peer can be
+# a few epochs off the swarm for a while (dragged by a forger's records, or just late); it is logged and counted
+# on this peer only, and never reported to the server (the witness publishes the other reasons).
+LOCAL_REASONS = frozenset({"epoch ahead of the swarm", "state epoch ahead of the swarm"})
+
+
 def flag(peer_id: str, reason: str) -> None:
     if _FLAG_QUEUE is not None:
         try:
@@ -352,6 +358,10 @@ def epoch_bound(entries: Iterable[tuple[str | None, int]], own_username: str | N
     if not votes:
         return None
     ordered = sorted(votes.values())
+    if own_epoch <= 0:
+        # A newcomer has no epoch of its own to hold records against: the upper median, so that honest peers a
+        # few epochs apart all stay within its view (a made-up epoch still needs half the other accounts).
+        return ordered[len(ordered) // 2] + 1
     return max(own_epoch, ordered[(len(ordered) - 1) // 2]) + 1
 
 

@@ -78,6 +78,8 @@ class Witness:
             changed = True
         for peer_id, reasons in robust.take_flags().items():
             for reason, count in reasons.items():
+                if reason in robust.LOCAL_REASONS:
+                    continue
                 self.flags.append({"id": uuid.uuid4().hex, "peer_id": peer_id, "reason": reason, "count": count})
                 changed = True
         if changed or time.monotonic() - self._stored_at >= REPUBLISH_SECONDS:

@@ -1,0 +1,175 @@
+"""End to end: strangers with valid accounts attack a running experiment, against a real `swarmhub server` (its
+bootstrap/monitor peer and its auxiliary peer, the swarm's witness) and an honest `swarmhub join`.
+
+- mallory joins through the public API and runs a peer that trains nothing but publishes, every second, a signed
+  progress record one epoch ahead of the swarm with twice the target batch (the forged-credit attack);
+- nina runs the real worker (`swarmhub join`) patched to put NaN into every gradient round.
+
+The leaderboard credits mallory nothing and credits the honest volunteer; with the organizer's automatic removal
+after one flag, nina is removed (the server's witness dropped her parts and flagged her) and the honest volunteer
+trains to the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..conftest import PASSWORD
+from .test_swarm_e2e import SWARMHUB, outlived, running_server, signup, wait_volunteers
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+SLUG = "open-digits"
+
+# A peer with a valid token that publishes forged progress records: epoch one past the swarm's, samples at twice
+# the target batch, once a second, signed by its own (admitted) key.
+FORGER = """
+import json, sys, time
+from pathlib import Path
+import hivemind
+from hivemind.dht.schema import RSASignatureValidator, SchemaValidator
+from hivemind.optim.progress_tracker import LocalTrainingProgress, TrainingProgressSchema
+from hivemind.utils.timed_storage import get_dht_time
+from swarmhub.worker import swarm_access
+from swarmhub.worker.protocol import JoinResponse
+
+join = JoinResponse.model_validate_json(Path(sys.argv[1]).read_text())
+identity, seconds = Path(sys.argv[2]), float(sys.argv[3])
+key = swarm_access.load_or_create_identity(identity)
+swarm_access.use_as_process_key(key)
+token = swarm_access.token_from_wire(join.swarm_token.model_dump())
+experiment_key = swarm_access.public_key_from_text(join.experiment_public_key)
+authorizer = swarm_access.SwarmAuthorizer(key, experiment_key, join.run_id, lambda: token, first_token=token)
+dht = hivemind.DHT(initial_peers=join.initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], authorizer=authorizer,
+                   identity_path=str(identity), start=True)
+swarm_access.add_roster_validators(dht, join.run_id, key)
+dht.add_validators([SchemaValidator(TrainingProgressSchema, prefix=join.run_id)])
+assert swarm_access.publish_roster_entry(dht, join.run_id, token)
+validator = RSASignatureValidator(key)
+published, deadline = 0, time.monotonic() + seconds
+while time.monotonic() < deadline:
+    found = dht.get(f"{join.run_id}_progress", latest=True)
+    epochs = [LocalTrainingProgress.parse_obj(v.value).epoch for v in (found.value.values() if found else [])]
+    record = LocalTrainingProgress(peer_id=dht.peer_id.to_bytes(), epoch=max(epochs, default=0) + 1,
+                                   samples_accumulated=2 * join.experiment.target_batch_size,
+                                   samples_per_second=100_000.0, time=get_dht_time(), client_mode=False)
+    published += bool(dht.store(f"{join.run_id}_progress", subkey=validator.local_public_key, value=record.dict(),
+                                expiration_time=get_dht_time() + 60))
+    time.sleep(1.0)
+print(json.dumps({"published": published, "peer_id": dht.peer_id.to_base58()}), flush=True)
+dht.shutdown()
+"""
+
+# `swarmhub join` with every gradient round it sends made NaN.
+NAN_WORKER = """
+import sys
+import torch
+from hivemind.optim.grad_averager import GradientAverager
+load = GradientAverager.load_accumulators_into_averager_
+def poisoned(self):
+    load(self)
+    with torch.no_grad(), self.get_tensors() as tensors:
+        for tensor in tensors:
+            tensor.fill_(float("nan"))
+GradientAverager.load_accumulators_into_averager_ = poisoned
+from swarmhub.worker.cli import main
+sys.argv = ["swarmhub", *sys.argv[1:]]
+main()
+"""
+
+
+def volunteer_env(tmp: Path, name: str, url: str, token: str) -> dict[str, str]:
+    env = {**os.environ, "SWARMHUB_CONFIG_DIR": str(tmp / name), "SWARMHUB_STATE_DIR": str(tmp / name)}
+    env.pop("SWARMHUB_TOKEN", None)
+    login = subprocess.run(
+        [*SWARMHUB, "login", "--server", url, "--with-token"],
+        input=token + "\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert login.returncode == 0, login.stderr
+    return env
+
+
+def test_forged_records_earn_nothing_and_flagged_volunteers_are_removed(tmp_path):
+    with running_server(tmp_path) as (url, _):
+        organizer = {"Authorization": f"Bearer {signup(url, 'organizer')}"}
+        created = httpx.post(
+            f"{url}/api/experiments",
+            headers=organizer,
+            json={
+                "slug": SLUG,
+                "title": "Open digits",
+                "task": "digits",
+                "task_params": {"hidden_size": 64, "batch_size": 32},
+                "target_batch_size": 128,
+                "matchmaking_time": 2.0,
+                "averaging_timeout": 20.0,
+                "learning_rate": 0.003,
+                "auto_remove_flags": 1,
+            },
+        )
+        assert created.status_code == 201, created.text
+        assert created.json()["aux_peer"] is True  # the witness runs by default
+        started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
+        assert started.json()["status"] == "running"
+
+        workers = []
+        for name, script in (("ada", None), ("nina", NAN_WORKER)):
+            env = volunteer_env(tmp_path, name, url, signup(url, name))
+            out = open(tmp_path / f"{name}.out", "wb")  # noqa: SIM115 - closed by wait_volunteers
+            command = ["join", SLUG, "--max-minutes", "1.5", "--listen", "/ip4/127.0.0.1/tcp/0"]
+            argv = [sys.executable, "-c", script, *command] if script else [*SWARMHUB, *command]
+            workers.append((name, out, subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)))
+
+        # mallory: a valid account and a valid token for her own key, through the public API
+        from swarmhub.worker import swarm_access
+
+        mallory = {"Authorization": f"Bearer {signup(url, 'mallory')}"}
+        identity = tmp_path / "mallory.key"
+        public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes().decode()
+        deadline = time.monotonic() + 120
+        while True:  # as the CLI does: a 503 while the swarm starts says when to try again
+            joined = httpx.post(
+                f"{url}/api/experiments/{SLUG}/join", headers=mallory, json={"peer_public_key": public_key}, timeout=60
+            )
+            if joined.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(float(joined.headers.get("Retry-After", "3")))
+        assert joined.status_code == 200, joined.text
+        (tmp_path / "mallory.json").write_text(joined.text)
+        forger = subprocess.run(
+            [sys.executable, "-c", FORGER, str(tmp_path / "mallory.json"), str(identity), "40"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert forger.returncode == 0, forger.stderr[-3000:]
+        assert json.loads(forger.stdout.splitlines()[-1])["published"] >= 30
+
+        seen_children, outputs = wait_volunteers(workers, tmp_path)
+        token = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
+        board = httpx.get(
+            f"{url}/api/experiments/{SLUG}/leaderboard",
+            headers={"Authorization": f"Bearer {token.json()['access_token']}"},
+        ).json()
+        denied = httpx.get(f"{url}/api/experiments/{SLUG}/denylist", headers=organizer).json()
+    rows = {entry["username"]: entry for entry in board}
+    assert rows["ada"]["samples"] > 0, board  # the honest volunteer's rounds were witnessed
+    assert rows.get("mallory", {"samples": 0})["samples"] == 0, board  # 40 forged records: nothing verified
+    assert "refused data" in " ".join(rows["nina"]["flags"]), board
+    assert not any("refused data" in flag for flag in rows["ada"]["flags"]), board
+    assert rows["nina"]["samples"] == 0, board  # none of her rounds' parts were finite
+    processes = {name: process for name, _, process in workers}
+    assert processes["ada"].returncode == 0, outputs["ada"][-3000:]
+    assert denied == {"usernames": ["nina"]}, denied  # removed by the organizer's rule, and no one else
+    assert outlived(seen_children) == set()
