@@ -40,6 +40,7 @@ from .tasks import Task, TaskData, UnknownTask, get_task
 logger = logging.getLogger(__name__)
 
 REPORT_EVERY_SECONDS = 2.0
+WITNESS_TRACKER = {"min_refresh_period": 0.2, "max_refresh_period": 1.0, "default_refresh_period": 0.5}
 SPEED_WINDOW_SECONDS = 10.0
 OPTIMIZER_LOGGER = "hivemind.optim.optimizer"
 _AVERAGED_RE = re.compile(r"Averaged gradients with (\d+) peers")
@@ -368,7 +369,11 @@ def train(
             with _sigint_handler_kept():
                 opt = SwarmOptimizer(
                     dht=dht,
-                    roster=robust.Roster(dht, join.run_id, access.experiment_key, join.username),
+                    # The witness follows the swarm's epoch as hivemind reads it (a vote it holds back would keep it
+                    # out of rounds; its own state is never shared): every other peer reads it through the roster.
+                    roster=None
+                    if server_witness is not None
+                    else robust.Roster(dht, join.run_id, access.experiment_key, join.username),
                     run_id=join.run_id,
                     params=list(task.parameter_groups(model)),
                     optimizer=optimizer_factory(cfg),
@@ -382,6 +387,12 @@ def train(
                     # The measured link speed: hivemind gives faster peers a larger part of the vector to reduce.
                     averager_opts={"bandwidth": bandwidth} if bandwidth is not None else None,
                     **overlap_options(cfg.overlap),
+                    # The witness reads the swarm's progress every fraction of a second, so that it is in every
+                    # round's matchmaking, even with epochs of a few seconds (a round it misses credits no one).
+                    tracker_opts=WITNESS_TRACKER if server_witness is not None else None,
+                    # Nor does it average state (it holds none worth averaging): a state round would keep it busy
+                    # while the next gradient round forms without it.
+                    **({"average_state_every": 2**30} if server_witness is not None else {}),
                     verbose=False,
                 )
                 restart_step_count(opt)
@@ -448,18 +459,42 @@ def _assist(
     last_report = time.monotonic()
     while (reason := should_stop()) is None:
         epoch = opt.local_epoch
-        opt.step()
-        summary.epoch = opt.local_epoch
         if server_witness is not None:
+            _witness_one_round(opt, should_stop, pause)
             try:
-                server_witness.publish(epoch)
+                server_witness.publish(opt.tracker.global_epoch)
             except Exception as exc:  # the peer keeps averaging whatever the DHT does
                 logger.warning("could not publish the witnessed rounds: %r", exc)
+        else:
+            opt.step()
+        summary.epoch = max(opt.local_epoch, epoch)
         if time.monotonic() - last_report >= REPORT_EVERY_SECONDS:
             keep_access()
             last_report = time.monotonic()
         pause(interval)
     summary.stop_reason = reason
+
+
+def _witness_one_round(opt: Any, should_stop: Callable[[], StopReason | None], pause: Callable[[float], Any]) -> None:
+    """The server's witness: look for the next gradient averaging group at once and take part in its round as a
+    reducer (weight 0). It computes nothing, so unlike ``opt.step()`` it never waits for its own (lagging) estimate
+    of the epoch's end: it is in matchmaking whenever a round forms, and a round it misses credits no one."""
+    if opt.tracker.global_progress.num_peers <= 1:
+        pause(0.5)  # no one to average with
+        return
+    try:
+        control = opt.grad_averager.step(wait=False, timeout=opt.averaging_timeout)
+    except Exception as exc:
+        logger.warning("could not join an averaging round: %r", exc)
+        pause(1.0)
+        return
+    while not control.done():
+        if should_stop() is not None:
+            control.cancel()
+            return
+        pause(0.05)
+    if control.exception() is not None:  # no group this time (hivemind logs why)
+        pause(0.1)
 
 
 def _refresh_swarm_progress(opt: Any, timeout: float = 10.0) -> None:

@@ -169,14 +169,15 @@ def run_volunteers(url: str, tmp: Path, limit: list[str]) -> set[int]:
 
 
 def averaged_epochs(tmp: Path, since: float = 0.0) -> list[tuple[str, int]]:
-    """Per volunteer: how many distinct swarm epochs it reported as averaged with both peers."""
+    """Per volunteer: how many distinct swarm epochs it reported as averaged with another peer (the other volunteer,
+    the server's auxiliary peer or both)."""
     engine = sa.create_engine(f"sqlite:///{tmp / 'e2e.db'}")
     with engine.connect() as conn:
         rows = conn.execute(
             sa.text(
                 "SELECT u.username, COUNT(DISTINCT p.epoch) FROM metric_points p "
                 "JOIN worker_runs w ON w.id = p.worker_run_id JOIN users u ON u.id = w.user_id "
-                "WHERE p.averaged_peers = 2 AND p.received_at >= :since GROUP BY u.username ORDER BY u.username"
+                "WHERE p.averaged_peers >= 2 AND p.received_at >= :since GROUP BY u.username ORDER BY u.username"
             ),
             {"since": datetime.fromtimestamp(since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")},
         ).all()
@@ -203,7 +204,8 @@ def test_two_volunteers_train_together(tmp_path):
         board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard", headers=headers).json()
         for entry in board:
             backed = entry["samples"] + entry["pending_samples"]
-            assert 0.4 * entry["claimed_samples"] <= backed <= entry["claimed_samples"], entry
+            # what the witness saw: a lower bound (45-65 % of the claims in these 2-s epochs on 2 busy cores)
+            assert 0.3 * entry["claimed_samples"] <= backed <= entry["claimed_samples"], entry
             assert entry["time_online_seconds"] > 5 and entry["flags"] == [], entry
         assert sum(entry["share"] for entry in board) == pytest.approx(1.0, abs=1e-3)
 
