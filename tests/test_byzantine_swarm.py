@@ -162,7 +162,7 @@ class Peers:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        left = wait_gone(self.tag, 20)
+        left = wait_gone(self.tag, 60)  # hivemind's helpers take a while to go on a loaded machine
         kill_all(left)
         assert not left, "the peers left processes behind"
 

@@ -114,6 +114,13 @@ def take_flags() -> dict[str, dict[str, int]]:
 # -- aggregation ----------------------------------------------------------------------------------------------
 
 
+def finite(tensor: torch.Tensor) -> bool:
+    """Whether every value is finite, read from the sum: one pass, several times cheaper than ``torch.isfinite``
+    (a NaN or an infinity makes the sum NaN or infinite; values so large that the sum overflows count as not
+    finite too, and no gradient is that large)."""
+    return math.isfinite(float(tensor.sum(dtype=torch.float64))) if tensor.numel() else True
+
+
 def capped_weights(weights: Sequence[float], max_weight: float = math.inf) -> list[float]:
     """Each claim capped at ``max_weight`` and, with three claims or more, at WEIGHT_MEDIAN_FACTOR x their
     median; a claim that is not a finite positive number counts as zero."""
@@ -127,13 +134,16 @@ def capped_weights(weights: Sequence[float], max_weight: float = math.inf) -> li
 
 
 def centered_clip(parts: torch.Tensor, weights: torch.Tensor, iterations: int = CLIP_ITERATIONS) -> torch.Tensor:
-    """CenteredClip of ``parts`` (one row per sender) with ``weights``: start at the coordinate-wise median,
-    then repeatedly move the center by the weighted mean of each row's offset clipped to radius ``tau``, the
-    median of the rows' distances from the start. With most rows honest the radius is an honest row's spread, so
-    a row of any size moves the center at most its weight's share of that radius."""
+    """CenteredClip of ``parts`` (one row per sender) with ``weights``: start at the medoid (the row closest to all
+    others: with most rows honest, an honest row), then repeatedly move the center by the weighted mean of each
+    row's offset clipped to radius ``tau``, the median of the rows' distances from the start. With most rows honest
+    the radius is an honest row's spread, so a row of any size moves the center at most its weight's share of it.
+    (The medoid needs the rows' pairwise distances, one matrix product; a coordinate-wise median sorts every
+    column and cost several times more on hivemind's parts.)"""
     if parts.shape[0] == 1:
         return parts[0].clone()
-    center = parts.median(dim=0).values
+    distances = torch.cdist(parts.unsqueeze(0), parts.unsqueeze(0)).squeeze(0)
+    center = parts[int(distances.sum(dim=1).argmin())].clone()
     tau = (parts - center).norm(dim=1).median()
     if not torch.isfinite(tau) or tau <= 0:
         return center
@@ -154,13 +164,15 @@ def combine(parts: Sequence[torch.Tensor], weights: Sequence[float], aggregation
     kept = [(p, w) for p, w in zip(parts, weights, strict=True) if w > 0]
     if not kept:  # nothing trustworthy in this slice: it averages to zero (no update from it)
         return torch.zeros_like(parts[0]) if parts else torch.zeros(0)
-    stacked = torch.stack([p.reshape(-1).float() for p, _ in kept])
-    weight = torch.tensor([w for _, w in kept], dtype=stacked.dtype)
     if aggregation == "centered-clip":
-        result = centered_clip(stacked, weight)
-    else:
-        result = (stacked * (weight / weight.sum()).unsqueeze(1)).sum(dim=0)
-    return result.reshape(parts[0].shape).to(parts[0].dtype)
+        stacked = torch.stack([p.reshape(-1).float() for p, _ in kept])
+        result = centered_clip(stacked, torch.tensor([w for _, w in kept], dtype=stacked.dtype))
+        return result.reshape(parts[0].shape).to(parts[0].dtype)
+    total = sum(w for _, w in kept)
+    result = torch.zeros_like(parts[0], dtype=torch.float32)
+    for part, w in kept:  # in place, one pass per part, as hivemind's reducer sums
+        result.add_(part, alpha=w / total)
+    return result.to(parts[0].dtype)
 
 
 def _reducer_base() -> type:
@@ -231,7 +243,7 @@ def make_reducer_class() -> type:
                 if tensor_part.shape != self.part_shapes[part_index]:
                     raise AllreduceException("a part of the wrong shape")
                 self.claimed[sender_index] = max(self.claimed[sender_index], float(weight))
-                if not bool(torch.isfinite(tensor_part).all()) or not math.isfinite(weight):
+                if not finite(tensor_part) or not math.isfinite(weight):
                     if sender_index not in self.dropped:
                         self.dropped.add(sender_index)
                         who = self.sender_ids[sender_index] if sender_index < len(self.sender_ids) else "?"
@@ -279,7 +291,7 @@ def make_runner_class() -> type:
             ordered = [peer.to_base58() for peer in self.ordered_peer_ids]
 
             def register_finite(peer_index: int, part_index: int, delta: torch.Tensor) -> None:
-                if not bool(torch.isfinite(delta).all()):
+                if not finite(delta):
                     logger.warning("a reducer sent back non-finite values: kept this peer's own there")
                     flag(ordered[peer_index], "non-finite averaged part")
                     delta = torch.nan_to_num(delta, nan=0.0, posinf=0.0, neginf=0.0)
