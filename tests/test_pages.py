@@ -114,7 +114,10 @@ def test_login_redirect_stays_on_site(client, db):
 def test_create_experiment_through_the_form(client, db):
     make_user(db)
     csrf = login(client)
-    response = client.post("/experiments/new", data={**FORM, "csrf_token": csrf}, follow_redirects=False)
+    # the server's auxiliary peer (the swarm's witness) is ticked on a new experiment's form; this one unticks it
+    assert 'name="aux_peer" value="true" checked' in client.get("/experiments/new").text
+    form = {**FORM, "csrf_token": csrf, "aux_peer": "false"}
+    response = client.post("/experiments/new", data=form, follow_redirects=False)
     assert response.headers["location"] == "/experiments/digits-together"
     with db() as session:
         experiment = session.scalar(select(Experiment))

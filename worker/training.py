@@ -460,6 +460,10 @@ def _assist(
     while (reason := should_stop()) is None:
         epoch = opt.local_epoch
         if server_witness is not None:
+            try:
+                server_witness.keep_present(opt.tracker)
+            except Exception as exc:
+                logger.warning("could not publish the witness's progress record: %r", exc)
             _witness_one_round(opt, should_stop, pause)
             try:
                 server_witness.publish(opt.tracker.global_epoch)

@@ -28,6 +28,7 @@ KEEP_ROUNDS = 32  # rounds in the published record: the monitor reads it about e
 KEEP_FLAGS = 64
 REPUBLISH_SECONDS = 60.0  # unchanged records are stored again before they expire (RECORD_SECONDS)
 RECORD_SECONDS = 600.0
+PRESENT_SECONDS = 15.0  # how often the witness re-stores its progress record (hivemind's expire after 60 s)
 _QUEUE: Any = None  # averager processes -> the peer's main process; made before hivemind forks
 
 
@@ -60,6 +61,34 @@ class Witness:
         self.rounds: deque[dict[str, Any]] = deque(maxlen=KEEP_ROUNDS)
         self.flags: deque[dict[str, Any]] = deque(maxlen=KEEP_FLAGS)
         self._stored_at = 0.0
+        self._present_at = 0.0
+
+    def keep_present(self, tracker: Any) -> None:
+        """Keep a progress record of this peer in the swarm (epoch: the swarm's, no samples), as a trainer's.
+
+        hivemind's auxiliary peers publish none, so a volunteer training alone would see no other peer and never
+        start an averaging round, and no round of theirs would be witnessed. With this record it averages with
+        the witness. Stored every PRESENT_SECONDS; it expires after hivemind's metadata expiration."""
+        from hivemind.optim.progress_tracker import LocalTrainingProgress
+        from hivemind.utils.timed_storage import get_dht_time
+
+        if time.monotonic() - self._present_at < PRESENT_SECONDS:
+            return
+        record = LocalTrainingProgress(
+            peer_id=self.dht.peer_id.to_bytes(),
+            epoch=int(tracker.global_epoch),
+            samples_accumulated=0,
+            samples_per_second=0.0,
+            time=get_dht_time(),
+            client_mode=False,
+        )
+        if self.dht.store(
+            tracker.training_progress_key,
+            subkey=tracker._local_public_key,
+            value=record.dict(),
+            expiration_time=get_dht_time() + tracker.metadata_expiration,
+        ):
+            self._present_at = time.monotonic()
 
     def publish(self, epoch: int) -> None:
         """Collect what happened since the last call (rounds of ``epoch``, the epoch the peer was in before its

@@ -56,7 +56,8 @@ validator = RSASignatureValidator(key)
 published, deadline = 0, time.monotonic() + seconds
 while time.monotonic() < deadline:
     found = dht.get(f"{join.run_id}_progress", latest=True)
-    epochs = [LocalTrainingProgress.parse_obj(v.value).epoch for v in (found.value.values() if found else [])]
+    values = [v.value for v in (found.value.values() if found else []) if v.value is not None]
+    epochs = [LocalTrainingProgress.parse_obj(value).epoch for value in values]
     record = LocalTrainingProgress(peer_id=dht.peer_id.to_bytes(), epoch=max(epochs, default=0) + 1,
                                    samples_accumulated=2 * join.experiment.target_batch_size,
                                    samples_per_second=100_000.0, time=get_dht_time(), client_mode=False)
