@@ -141,7 +141,6 @@ def record(session: Session, experiment: Experiment, contributors: list[Contribu
 class _Change:
     """What one read of the records adds to one volunteer's totals."""
 
-    verified: int = 0
     pending: int = 0
     epochs: int = 0
     online_seconds: float = 0.0
@@ -212,7 +211,6 @@ def _apply(
     rows = volunteer_totals(session, experiment_id, set(changes) | moved)
     for user_id, change in changes.items():
         row = rows[user_id]
-        row.verified_samples += change.verified
         row.pending_samples += change.pending
         row.epochs += change.epochs
         row.online_seconds += change.online_seconds
@@ -221,7 +219,6 @@ def _apply(
         if change.peak_samples_per_second > row.peak_signed_samples_per_second:
             row.peak_signed_samples_per_second = change.peak_samples_per_second
             raise_class_peaks(totals, row.device_classes, row.peak_signed_samples_per_second)
-        totals.verified_samples += change.verified
         totals.pending_samples += change.pending
     if moved:  # a peer now signs for someone else (rare): its time and peaks are recounted from the ledger
         session.flush()

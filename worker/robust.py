@@ -29,18 +29,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import random
 import statistics
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from . import swarm_access
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +49,6 @@ CLIP_ITERATIONS = 10
 # A downloaded state whose parameters' norm is over this multiple of the peer's own is refused (unless it comes
 # from the server's own peer): training moves a model's norm by a few times at most, an attack by orders.
 STATE_NORM_JUMP = 10.0
-ROSTER_CACHE_SECONDS = 10.0
 
 
 @dataclass
@@ -322,242 +317,6 @@ def make_runner_class() -> type:
     return GuardedAllReduceRunner
 
 
-# -- the swarm's epoch ------------------------------------------------------------------------------------------
-
-
-class Roster:
-    """Who signed what: the owner key of a protected record -> the username of its admitted token (cached)."""
-
-    def __init__(self, dht: Any, run_id: str, experiment_key: Any, own_username: str | None = None):
-        self.dht, self.run_id, self.experiment_key = dht, run_id, experiment_key
-        self.own_username = own_username
-        self._names: dict[str, str] = {}
-        self._read_at = -math.inf
-
-    def usernames(self) -> dict[str, str]:
-        """Peer ID -> username, for every peer on the roster."""
-        if time.monotonic() - self._read_at >= ROSTER_CACHE_SECONDS:
-            guard = swarm_access.RosterGuard(self.experiment_key, self.run_id)
-            try:
-                guard.admit(self.dht.get(swarm_access.roster_key(self.run_id), latest=True))
-            except Exception as exc:  # keep the last read
-                logger.warning("could not read the swarm's roster: %r", exc)
-            else:
-                self._names = dict(guard._usernames)
-                self._read_at = time.monotonic()
-        return self._names
-
-
-def owner_peer_id(subkey: Any) -> str | None:
-    owner = swarm_access.record_owner(subkey)
-    if owner is None:
-        return None
-    try:
-        return swarm_access.peer_id_for_public_key(owner)
-    except ValueError:
-        return None
-
-
-def epoch_bound(entries: Iterable[tuple[str | None, int]], own_username: str | None, own_epoch: int) -> int | None:
-    """The largest epoch a progress record may state, as the peer of ``own_username`` at ``own_epoch`` judges:
-    one past the larger of its own epoch and the lower median of the other accounts' votes (each account's vote
-    is the largest epoch among its records; the server's peers are one account). ``entries`` are (username,
-    epoch). None (no bound) when no other account has a record: one account alone cannot be judged."""
-    votes: dict[str, int] = {}
-    for username, epoch in entries:
-        if username is not None and username != own_username:
-            votes[username] = max(votes.get(username, 0), epoch)
-    if not votes:
-        return None
-    ordered = sorted(votes.values())
-    if own_epoch <= 0:
-        # A newcomer has no epoch of its own to hold records against: the upper median, so that honest peers a
-        # few epochs apart all stay within its view (a made-up epoch still needs half the other accounts).
-        return ordered[len(ordered) // 2] + 1
-    return max(own_epoch, ordered[(len(ordered) - 1) // 2]) + 1
-
-
-def progress_entries(metadata: Any, names: dict[str, str]) -> list[tuple[Any, str | None, int, bool]]:
-    """(subkey, username, epoch, client_mode) of each parseable progress record."""
-    from hivemind.optim.progress_tracker import LocalTrainingProgress
-
-    entries = []
-    if not isinstance(metadata, dict):
-        return entries
-    for subkey, item in metadata.items():
-        try:
-            progress = LocalTrainingProgress.parse_obj(item.value)
-        except Exception:  # noqa: S112 - a malformed record is ignored, as hivemind ignores it
-            continue
-        peer_id = owner_peer_id(subkey)
-        entries.append((subkey, names.get(peer_id) if peer_id else None, int(progress.epoch), progress.client_mode))
-    return entries
-
-
-def bounded_progress(
-    metadata: Any, names: dict[str, str], own_username: str | None = None, own_epoch: int = 0
-) -> tuple[Any, int | None, list[str]]:
-    """``metadata`` without the records whose epoch is past :func:`epoch_bound` (and without records of peers
-    not on the roster); the bound; the peer IDs whose records were dropped for their epoch."""
-    if not isinstance(metadata, dict):
-        return metadata, None, []
-    entries = progress_entries(metadata, names)
-    bound = epoch_bound(((name, epoch) for _, name, epoch, client in entries if not client), own_username, own_epoch)
-    kept: dict[Any, Any] = {}
-    ahead = []
-    for subkey, name, epoch, _ in entries:
-        if name is None:
-            continue
-        if bound is not None and epoch > bound and name != own_username:
-            ahead.append(owner_peer_id(subkey) or "?")
-            continue
-        kept[subkey] = metadata[subkey]
-    return kept, bound, ahead
-
-
-def make_tracker_class() -> type:
-    from hivemind.optim.progress_tracker import ProgressTracker
-
-    class GuardedProgressTracker(ProgressTracker):  # type: ignore[misc, valid-type]
-        """hivemind's progress tracker, reading the swarm's epoch through :func:`bounded_progress`."""
-
-        def __init__(self, *args: Any, roster: Roster, **kwargs: Any):
-            self.roster = roster
-            self.epoch_bound: int | None = None
-            super().__init__(*args, **kwargs)
-
-        def _parse_swarm_progress_data(self, metadata: Any) -> Any:
-            try:
-                kept, self.epoch_bound, ahead = bounded_progress(
-                    metadata, self.roster.usernames(), self.roster.own_username, self.local_progress.epoch
-                )
-            except Exception as exc:  # never stop the tracker: read as hivemind would
-                logger.warning("could not bound the swarm's progress: %r", exc)
-                kept = metadata
-            else:
-                for peer in ahead:
-                    logger.warning("ignored a progress record of %s: its epoch is past the swarm's", peer)
-                    flag(peer, "epoch ahead of the swarm")
-            return super()._parse_swarm_progress_data(kept)
-
-    return GuardedProgressTracker
-
-
-# -- state download ---------------------------------------------------------------------------------------------
-
-
-def order_sources(
-    priorities: dict[str, float], names: dict[str, str], bound: int | None, own_id: str
-) -> tuple[list[str], list[str]]:
-    """The peers to download state from, in order: within the epoch bound, the server's own peers first (when
-    one is as new as the newest candidate less one epoch), then by epoch, newest first. Also the peers left
-    out for advertising an epoch past the bound."""
-    server = swarm_access.SERVER_PEER_USERNAME
-    ahead = [p for p, epoch in priorities.items() if bound is not None and epoch > bound and p != own_id]
-    candidates = {p: e for p, e in priorities.items() if p != own_id and p not in ahead and p in names}
-    if not candidates:
-        return [], ahead
-    newest = max(candidates.values())
-    shuffled = list(candidates)
-    random.shuffle(shuffled)  # ties in any order
-
-    def rank(peer: str) -> tuple[bool, float]:
-        trusted = names.get(peer) == server and candidates[peer] >= newest - 1
-        return (trusted, candidates[peer])
-
-    return sorted(shuffled, key=rank, reverse=True), ahead
-
-
-def check_state(tensors: Sequence[torch.Tensor], reference: Sequence[torch.Tensor] | None) -> str | None:
-    """Why a downloaded state must be refused, or None. ``reference`` is this peer's own parameters (the first
-    tensors of a state are the parameters): a state whose parameters' norm is over STATE_NORM_JUMP times theirs
-    is refused."""
-    for tensor in tensors:
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            return "state with non-finite values"
-    if reference:
-        own = math.sqrt(sum(float(t.float().norm()) ** 2 for t in reference))
-        theirs = math.sqrt(sum(float(t.float().norm()) ** 2 for t in tensors[: len(reference)]))
-        if own > 0 and theirs > STATE_NORM_JUMP * own:
-            return f"state whose parameters' norm is {theirs / own:.0f}x this peer's"
-    return None
-
-
-def install_state_guard() -> None:
-    """Replace ``DecentralizedAverager._load_state_from_peers`` (it runs in the averager's process)."""
-    from hivemind.averaging.averager import DecentralizedAverager
-    from hivemind.compression import deserialize_torch_tensor
-    from hivemind.p2p import PeerID
-    from hivemind.proto import averaging_pb2
-    from hivemind.utils.asyncio import aiter_with_timeout
-    from hivemind.utils.streaming import combine_from_streaming
-    from hivemind.utils.timed_storage import ValueWithExpiration
-
-    if getattr(DecentralizedAverager._load_state_from_peers, "__swarmhub__", False):
-        return
-
-    async def load_state_from_peers(self: Any, future: Any, timeout: float | None = None) -> None:
-        if timeout is not None:
-            timeout = self.next_chunk_timeout if self.next_chunk_timeout is not None else self.request_timeout
-        try:
-            # blocking DHT reads in the averager's loop, as hivemind's own version of this method makes
-            prefix = self._matchmaking.group_key_manager.prefix
-            found = self.dht.get(f"{prefix}.all_averagers", latest=True)
-            priorities = {}
-            for subkey, info in found.value.items() if found is not None and isinstance(found.value, dict) else ():
-                if isinstance(info, ValueWithExpiration) and isinstance(info.value, int | float):
-                    try:  # the subkeys are peer IDs as bytes
-                        priorities[PeerID(subkey).to_base58()] = float(info.value)
-                    except Exception:  # noqa: S112 - not a peer ID: nobody to download from
-                        continue
-            roster = Roster(self.dht, POLICY.run_id, POLICY.experiment_key)
-            names = roster.usernames()
-            progress = self.dht.get(f"{POLICY.run_id}_progress", latest=True)
-            # judged as a newcomer would (this process's copy of the local epoch is not kept current)
-            _, bound, _ = bounded_progress(progress.value if progress is not None else None, names, POLICY.username)
-            order, ahead = order_sources(priorities, names, bound, self.peer_id.to_base58())
-            for peer in ahead:
-                logger.warning("did not download state from %s: its epoch is past the swarm's (%s)", peer, bound)
-                flag(peer, "state epoch ahead of the swarm")
-            reference = None
-            if not POLICY.trusted_state:
-                main = getattr(self, "main_parameters", None)
-                reference = [p.detach().cpu() for p in main] if main else None
-            for peer in order:
-                logger.info("downloading the swarm's state from %s", peer)
-                try:
-                    stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
-                    stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
-                    metadata, parts, tensors = None, [], []
-                    async for message in aiter_with_timeout(stream, timeout=timeout):
-                        if message.metadata:
-                            metadata = self.serializer.loads(message.metadata)
-                        if message.tensor_part.dtype and parts:
-                            tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
-                            parts = []
-                        parts.append(message.tensor_part)
-                    if parts:
-                        tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
-                    if not metadata:
-                        continue
-                    trusted = names.get(peer) == swarm_access.SERVER_PEER_USERNAME
-                    why = check_state(tensors, None if trusted else reference)
-                    if why is not None:
-                        logger.warning("refused the state of %s: %s", peer, why)
-                        flag(peer, why)
-                        continue
-                    future.set_result((metadata, tensors))
-                    return
-                except Exception as exc:
-                    logger.warning("could not download the state of %s: %r", peer, exc)
-        finally:
-            if not future.done():
-                future.set_result(None)
-
-    load_state_from_peers.__swarmhub__ = True  # type: ignore[attr-defined]
-    DecentralizedAverager._load_state_from_peers = load_state_from_peers
-
-
 def install(
     aggregation: str, target_batch_size: int, run_id: str, experiment_key: Any, username: str, *, trusted: bool = False
 ) -> None:
@@ -583,4 +342,22 @@ def install(
         runner = make_runner_class()
         runner.__swarmhub__ = True  # type: ignore[attr-defined]
         averager_module.AllReduceRunner = runner
+    from .state_guard import install_state_guard
+
     install_state_guard()
+
+
+# The epoch and state parts live in their own modules; their names stay reachable here.
+from .state_guard import check_state, install_state_guard, order_sources  # noqa: E402
+from .swarm_epoch import Roster, bounded_progress, epoch_bound, make_tracker_class, owner_peer_id  # noqa: E402
+
+__all__ = [
+    "Roster",
+    "bounded_progress",
+    "check_state",
+    "epoch_bound",
+    "install_state_guard",
+    "make_tracker_class",
+    "order_sources",
+    "owner_peer_id",
+]

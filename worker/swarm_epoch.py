@@ -1,0 +1,133 @@
+"""The swarm's epoch as a peer reads it from strangers' progress records: one vote per account (``robust``'s
+overview says why). ``Roster`` names the account behind each record's signing key."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from . import robust, swarm_access
+
+logger = logging.getLogger(__name__)
+ROSTER_CACHE_SECONDS = 10.0
+
+
+class Roster:
+    """Who signed what: the owner key of a protected record -> the username of its admitted token (cached)."""
+
+    def __init__(self, dht: Any, run_id: str, experiment_key: Any, own_username: str | None = None):
+        self.dht, self.run_id, self.experiment_key = dht, run_id, experiment_key
+        self.own_username = own_username
+        self._names: dict[str, str] = {}
+        self._read_at = -math.inf
+
+    def usernames(self) -> dict[str, str]:
+        """Peer ID -> username, for every peer on the roster."""
+        if time.monotonic() - self._read_at >= ROSTER_CACHE_SECONDS:
+            guard = swarm_access.RosterGuard(self.experiment_key, self.run_id)
+            try:
+                guard.admit(self.dht.get(swarm_access.roster_key(self.run_id), latest=True))
+            except Exception as exc:  # keep the last read
+                logger.warning("could not read the swarm's roster: %r", exc)
+            else:
+                self._names = dict(guard._usernames)
+                self._read_at = time.monotonic()
+        return self._names
+
+
+def owner_peer_id(subkey: Any) -> str | None:
+    owner = swarm_access.record_owner(subkey)
+    if owner is None:
+        return None
+    try:
+        return swarm_access.peer_id_for_public_key(owner)
+    except ValueError:
+        return None
+
+
+def epoch_bound(entries: Iterable[tuple[str | None, int]], own_username: str | None, own_epoch: int) -> int | None:
+    """The largest epoch a progress record may state, as the peer of ``own_username`` at ``own_epoch`` judges:
+    one past the larger of its own epoch and the lower median of the other accounts' votes (each account's vote
+    is the largest epoch among its records; the server's peers are one account). ``entries`` are (username,
+    epoch). None (no bound) when no other account has a record: one account alone cannot be judged."""
+    votes: dict[str, int] = {}
+    for username, epoch in entries:
+        if username is not None and username != own_username:
+            votes[username] = max(votes.get(username, 0), epoch)
+    if not votes:
+        return None
+    ordered = sorted(votes.values())
+    if own_epoch <= 0:
+        # A newcomer has no epoch of its own to hold records against: the upper median, so that honest peers a
+        # few epochs apart all stay within its view (a made-up epoch still needs half the other accounts).
+        return ordered[len(ordered) // 2] + 1
+    return max(own_epoch, ordered[(len(ordered) - 1) // 2]) + 1
+
+
+def progress_entries(metadata: Any, names: dict[str, str]) -> list[tuple[Any, str | None, int, bool]]:
+    """(subkey, username, epoch, client_mode) of each parseable progress record."""
+    from hivemind.optim.progress_tracker import LocalTrainingProgress
+
+    entries = []
+    if not isinstance(metadata, dict):
+        return entries
+    for subkey, item in metadata.items():
+        try:
+            progress = LocalTrainingProgress.parse_obj(item.value)
+        except Exception:  # noqa: S112 - a malformed record is ignored, as hivemind ignores it
+            continue
+        peer_id = owner_peer_id(subkey)
+        entries.append((subkey, names.get(peer_id) if peer_id else None, int(progress.epoch), progress.client_mode))
+    return entries
+
+
+def bounded_progress(
+    metadata: Any, names: dict[str, str], own_username: str | None = None, own_epoch: int = 0
+) -> tuple[Any, int | None, list[str]]:
+    """``metadata`` without the records whose epoch is past :func:`epoch_bound` (and without records of peers
+    not on the roster); the bound; the peer IDs whose records were dropped for their epoch."""
+    if not isinstance(metadata, dict):
+        return metadata, None, []
+    entries = progress_entries(metadata, names)
+    bound = epoch_bound(((name, epoch) for _, name, epoch, client in entries if not client), own_username, own_epoch)
+    kept: dict[Any, Any] = {}
+    ahead = []
+    for subkey, name, epoch, _ in entries:
+        if name is None:
+            continue
+        if bound is not None and epoch > bound and name != own_username:
+            ahead.append(owner_peer_id(subkey) or "?")
+            continue
+        kept[subkey] = metadata[subkey]
+    return kept, bound, ahead
+
+
+def make_tracker_class() -> type:
+    from hivemind.optim.progress_tracker import ProgressTracker
+
+    class GuardedProgressTracker(ProgressTracker):  # type: ignore[misc, valid-type]
+        """hivemind's progress tracker, reading the swarm's epoch through :func:`bounded_progress`."""
+
+        def __init__(self, *args: Any, roster: Roster, **kwargs: Any):
+            self.roster = roster
+            self.epoch_bound: int | None = None
+            super().__init__(*args, **kwargs)
+
+        def _parse_swarm_progress_data(self, metadata: Any) -> Any:
+            try:
+                kept, self.epoch_bound, ahead = bounded_progress(
+                    metadata, self.roster.usernames(), self.roster.own_username, self.local_progress.epoch
+                )
+            except Exception as exc:  # never stop the tracker: read as hivemind would
+                logger.warning("could not bound the swarm's progress: %r", exc)
+                kept = metadata
+            else:
+                for peer in ahead:
+                    logger.warning("ignored a progress record of %s: its epoch is past the swarm's", peer)
+                    robust.flag(peer, "epoch ahead of the swarm")
+            return super()._parse_swarm_progress_data(kept)
+
+    return GuardedProgressTracker
