@@ -21,6 +21,7 @@ import click
 import httpx
 from pydantic import ValidationError
 
+from swarmhub.worker import transport
 from swarmhub.worker.protocol import OptimizerName
 
 from . import accounts, corpus, experiments, training_data
@@ -199,6 +200,8 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2, experi
     click.echo("Preparing the demo: training a tokenizer on the Python standard library's docstrings…")
     password, tokens = _seed_demo(Settings(data_dir=demo_dir, database_url=database_url))
     url = f"http://{host}:{port}"
+    # the demo serves plain http: a worker refuses it towards another machine (a LAN address) without --insecure
+    insecure = [] if transport.on_this_machine(host) else ["--insecure"]
     env = {**os.environ, "SWARMHUB_DATA_DIR": str(demo_dir), "SWARMHUB_DATABASE_URL": database_url}
     exe = [sys.executable, "-m", "swarmhub.worker.cli"]
     # Each child runs in a session of its own, so a terminal's Ctrl-C reaches only this process, which then
@@ -226,7 +229,7 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2, experi
             log = open(demo_dir / "logs" / f"worker-{index + 1}.log", "wb")  # noqa: SIM115 - lives as long as the worker
             processes.append(
                 subprocess.Popen(
-                    [*exe, "join", experiment, "--listen", f"/ip4/{host}/tcp/0"],
+                    [*exe, "join", experiment, "--listen", f"/ip4/{host}/tcp/0", *insecure],
                     env=worker_env,
                     stdout=log,
                     stderr=subprocess.STDOUT,

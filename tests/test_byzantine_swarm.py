@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmhub.worker import swarm_access
+from swarmhub.worker import robust, swarm_access
 from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
 
 from .test_training_swarm import (  # noqa: F401 - swarm_peer is a fixture
@@ -205,7 +205,8 @@ def test_non_finite_gradients_are_dropped_and_their_sender_flagged(swarm_peer, t
         assert summary["last_loss"] == summary["last_loss"], (name, summary)  # not NaN
         assert summary["last_loss"] < 0.7 * summary["first_loss"], (name, summary)
         assert summary["flags"].get(peers.peer_ids["mallory"], {}).get("non-finite gradients", 0) >= 1, summary
-        assert peers.peer_ids["ada"] not in summary["flags"] and peers.peer_ids["bob"] not in summary["flags"]
+        for honest in ("ada", "bob"):  # no evidence against an honest peer (a lagging epoch is only noted locally)
+            assert set(summary["flags"].get(peers.peer_ids[honest], {})) <= robust.LOCAL_REASONS, (name, summary)
 
 
 def test_a_peer_advertising_a_far_newer_state_cannot_hand_it_to_joiners(swarm_peer, tmp_path):

@@ -112,6 +112,47 @@ def test_state_comes_from_the_server_s_peer_first_and_never_from_past_the_bound(
     assert robust.order_sources({"x": 5.0}, names, bound=None, own_id="me") == ([], [])
 
 
+def test_a_peer_flagged_with_evidence_is_not_followed_but_a_lagging_one_is():
+    robust.take_flags()
+    robust.flag("late", "epoch ahead of the swarm")  # an honest peer can be off the swarm's epoch for a while
+    robust.flag("poisoner", "state with non-finite values")
+    assert "poisoner" in robust.distrusted() and "late" not in robust.distrusted()
+    # its records neither vote nor count: the swarm's epoch is read from the others
+    from hivemind.optim.progress_tracker import LocalTrainingProgress
+    from hivemind.utils.crypto import RSAPrivateKey
+    from hivemind.utils.timed_storage import ValueWithExpiration
+
+    keys = {name: RSAPrivateKey() for name in ("ada", "bob", "carl", "joan", "poisoner")}
+    ids = {name: swarm_access.peer_id_for_public_key(k.get_public_key().to_bytes()) for name, k in keys.items()}
+    epochs = {"ada": 7, "bob": 7, "carl": 7, "joan": 8, "poisoner": 8}
+    subkeys = {name: b"[owner:" + key.get_public_key().to_bytes() + b"]" for name, key in keys.items()}
+    metadata = {
+        subkeys[name]: ValueWithExpiration(
+            LocalTrainingProgress(
+                peer_id=b"x", epoch=epoch, samples_accumulated=1, samples_per_second=1.0, time=0.0, client_mode=False
+            ).dict(),
+            0.0,
+        )
+        for name, epoch in epochs.items()
+    }
+    names = {ids[name]: ("mallory" if name == "poisoner" else name) for name in keys}
+    distrusted = {ids["poisoner"]} | robust.distrusted()
+    kept, bound, _ = robust.bounded_progress(metadata, names, "ada", 7, frozenset(distrusted))
+    assert bound == 8 and set(kept) == {subkeys[n] for n in ("ada", "bob", "carl", "joan")}  # joan's 8 moves ada
+    kept, _, _ = robust.bounded_progress(metadata, names, "ada", 7)
+    assert len(kept) == 5
+    # one epoch past both ada's and the others' median is followed only from a peer ada averaged with: joan gets
+    # there by completing a round, a forger by publishing a record
+    robust.averaged_with([ids["joan"]])
+    partners = robust.partners()
+    assert ids["joan"] in partners and ids["poisoner"] not in partners
+    kept, _, ahead = robust.bounded_progress(metadata, names, "ada", 7, frozenset(), partners)
+    assert set(kept) == {subkeys[n] for n in ("ada", "bob", "carl", "joan")} and ahead == [ids["poisoner"]]
+    kept, _, _ = robust.bounded_progress(metadata, names, "ada", 7, frozenset(), frozenset())
+    assert set(kept) == {subkeys[n] for n in ("ada", "bob", "carl")}
+    robust.take_flags()
+
+
 def test_a_state_with_non_finite_values_or_a_jump_in_norm_is_refused():
     own = [torch.ones(10), torch.ones(5)]
     assert robust.check_state([torch.ones(10) * 2, torch.ones(5), torch.zeros(3)], own) is None

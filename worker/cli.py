@@ -30,7 +30,6 @@ from .client import (
     ExitCode,
     WorkerError,
     check_clock,
-    normalize_server_url,
     not_accepting,
     not_logged_in,
     removed,
@@ -45,6 +44,7 @@ from .credentials import (
 from .protocol import SLUG_RE, JoinRequest, JoinResponse, SwarmToken
 from .settings import WorkerSettings
 from .spool import Spool, discard, leftovers
+from .transport import insecure_option, require_encryption
 
 if TYPE_CHECKING:
     from .reporter import Reporter
@@ -89,7 +89,7 @@ def _settings() -> WorkerSettings:
         raise WorkerError(f"Invalid setting in the environment: check {fields}", ExitCode.USAGE) from None
 
 
-def _authed_client(settings: WorkerSettings) -> tuple[ApiClient, str]:
+def _authed_client(settings: WorkerSettings, insecure: bool) -> tuple[ApiClient, str]:
     """A client with the resolved token; exits 3 with the login hint when there is none."""
     creds = resolve_credentials(settings)
     if creds.token is None:
@@ -99,7 +99,7 @@ def _authed_client(settings: WorkerSettings) -> tuple[ApiClient, str]:
             "No server configured: run `swarmhub login --server URL` or set SWARMHUB_SERVER", ExitCode.AUTH
         )
     token = creds.token.get_secret_value()
-    return ApiClient(creds.server, token, user_agent=USER_AGENT), token
+    return ApiClient(require_encryption(creds.server, insecure), token, user_agent=USER_AGENT), token
 
 
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
@@ -121,14 +121,15 @@ def main() -> None:
 @main.command()
 @click.option("--server", "server_opt", metavar="URL", help="Server URL (default: SWARMHUB_SERVER or the last one)")
 @click.option("--with-token", is_flag=True, help="Read an API token from stdin instead of the browser flow")
-def login(server_opt: str | None, with_token: bool) -> None:
+@insecure_option
+def login(server_opt: str | None, with_token: bool, insecure: bool) -> None:
     """Log in to a swarmhub server (device-code flow in the browser, or --with-token)."""
     settings = _settings()
     stored = load_credentials(settings.config_dir)
     server = server_opt or settings.server or (stored.server if stored else None)
     if not server:
         raise WorkerError("No server given: run `swarmhub login --server URL`", ExitCode.USAGE)
-    server = normalize_server_url(server)
+    server = require_encryption(server, insecure)
     with ApiClient(server, user_agent=USER_AGENT) as client:
         if with_token:
             line = sys.stdin.readline().strip()
@@ -178,7 +179,8 @@ def _device_flow(client: ApiClient) -> tuple[str, str]:
 
 
 @main.command()
-def logout() -> None:
+@insecure_option
+def logout(insecure: bool) -> None:
     """Revoke the stored token on the server (best effort) and delete it from this machine."""
     settings = _settings()
     stored = load_credentials(settings.config_dir)
@@ -187,7 +189,8 @@ def logout() -> None:
     else:
         revoked = ""
         try:
-            with ApiClient(stored.server, stored.token.get_secret_value(), user_agent=USER_AGENT) as client:
+            server = require_encryption(stored.server, insecure)
+            with ApiClient(server, stored.token.get_secret_value(), user_agent=USER_AGENT) as client:
                 client.revoke_token()
             revoked = "token revoked on the server, "
         except WorkerError as exc:
@@ -199,10 +202,11 @@ def logout() -> None:
 
 
 @main.command()
-def whoami() -> None:
+@insecure_option
+def whoami(insecure: bool) -> None:
     """Show who you are logged in as, and where."""
     settings = _settings()
-    client, _ = _authed_client(settings)
+    client, _ = _authed_client(settings, insecure)
     with client:
         me = client.me()
     role = " (admin)" if me.is_admin else ""
@@ -211,7 +215,8 @@ def whoami() -> None:
 
 
 @main.command()
-def experiments() -> None:
+@insecure_option
+def experiments(insecure: bool) -> None:
     """List the server's experiments."""
     settings = _settings()
     creds = resolve_credentials(settings)
@@ -220,7 +225,7 @@ def experiments() -> None:
             "No server configured: run `swarmhub login --server URL` or set SWARMHUB_SERVER", ExitCode.USAGE
         )
     token = creds.token.get_secret_value() if creds.token else None
-    with ApiClient(creds.server, token, user_agent=USER_AGENT) as client:
+    with ApiClient(require_encryption(creds.server, insecure), token, user_agent=USER_AGENT) as client:
         items = client.experiments()
     if not items:
         click.echo(f"No experiments on {client.server_url} yet.")
@@ -268,6 +273,7 @@ def experiments() -> None:
     help="Compute precision: auto is bf16 or fp16 on CUDA, fp32 on the CPU; the swarm always averages fp32",
 )
 @click.option("--verbose", is_flag=True, help="Show hivemind's logs on the console instead of the log file")
+@insecure_option
 def join(
     slug: str,
     device: str,
@@ -278,10 +284,11 @@ def join(
     auxiliary: bool,
     precision: str,
     verbose: bool,
+    insecure: bool,
 ) -> None:
     """Join experiment SLUG and train with its swarm until stopped (Ctrl-C leaves cleanly)."""
     settings = _settings()
-    client, token = _authed_client(settings)
+    client, token = _authed_client(settings, insecure)
     if not SLUG_RE.match(slug):
         raise WorkerError(
             f"{slug!r} is not an experiment name: run `swarmhub experiments` to list them", ExitCode.USAGE
@@ -401,14 +408,15 @@ def corpus_of(server_url: str, token: str, slug: str, cache_dir: Path, data_path
     metavar="MADDR",
     help="the multiaddr `join` would listen on (repeatable)",
 )
-def doctor(slug: str | None, device: str, listen: Sequence[str]) -> None:
+@insecure_option
+def doctor(slug: str | None, device: str, listen: Sequence[str], insecure: bool) -> None:
     """Check this machine before it joins: device, clock, open files, bandwidth, reachability, and with
     SLUG the experiment's training throughput here. Exits 1 when something must be fixed first."""
     from . import doctor as checks
     from .training import resolve_device
 
     settings = _settings()
-    client, token = _authed_client(settings)
+    client, token = _authed_client(settings, insecure)
     torch_device = resolve_device(device)
     with client:
         experiment = None

@@ -161,6 +161,12 @@ class ApiClient:
     ) -> httpx.Response:
         """``auth=True`` needs a token; ``None`` sends one when there is one (public endpoints show a
         logged-in user more, e.g. their own drafts)."""
+        if httpx.URL(path).is_absolute_url:  # paths come from the server too: the token goes nowhere else
+            raise WorkerError(
+                f"{self.server_url} sent the address {path[:200]!r} where a path belongs: refusing to send your "
+                "token anywhere else; tell the experiment's organizer",
+                ExitCode.UNREACHABLE,
+            )
         headers = dict(kw.pop("headers", {}) or {})
         bearer = token if token is not None else self._token
         if auth or token is not None or (auth is None and bearer):

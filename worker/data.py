@@ -6,7 +6,8 @@
   so a restart downloads nothing twice.
 
 Nothing here runs code from the server: the corpus is token ids in ``.npy`` files (loaded without pickle) and a
-tokenizer's JSON.
+tokenizer's JSON. Nothing here writes outside the cache either: every name from the server's manifest is checked
+up front and again before each write (:mod:`swarmhub.worker.safe_paths`).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .safe_paths import confined, corpus_folder, write_file
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +92,10 @@ class RemoteCorpus:
         self._manifest = manifest
         self._get = get
         self._next_shard = next_shard
-        self.folder = Path(cache_dir) / str(manifest.get("text_sha256", "corpus"))[:16]
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder = corpus_folder(Path(cache_dir), manifest)
+        shards = manifest.get("shards", [])
+        for name in [*manifest.get("files", {}), *(s.get("name") if isinstance(s, dict) else s for s in shards)]:
+            confined(self.folder, name)  # a hostile name is refused before training starts, not halfway
         self._lock = threading.Lock()
 
     @property
@@ -99,18 +103,14 @@ class RemoteCorpus:
         return self._manifest
 
     def _fetch(self, name: str, sha256: str) -> Path:
-        path = self.folder / name
         with self._lock:
+            path = confined(self.folder, name)
             if path.exists() and sha256_of(path) == sha256:
                 return path
             data = self._get(name)
             if hashlib.sha256(data).hexdigest() != sha256:
                 raise CorpusUnavailable(f"{name} from the server does not match its manifest: try again later")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".part")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)  # a cache file is whole or absent
-            return path
+            return write_file(self.folder, name, data)
 
     def file(self, name: str) -> Path:
         entry = self._manifest.get("files", {}).get(name)

@@ -82,12 +82,14 @@ def install_state_guard() -> None:
                         priorities[PeerID(subkey).to_base58()] = float(info.value)
                     except Exception:  # noqa: S112 - not a peer ID: nobody to download from
                         continue
-            roster = Roster(self.dht, robust.POLICY.run_id, robust.POLICY.experiment_key)
-            names = roster.usernames()
+            denied = swarm_access._GUARD.denied if swarm_access._GUARD is not None else None
+            roster = Roster(self.dht, robust.POLICY.run_id, robust.POLICY.experiment_key, denied=denied)
+            distrusted = robust.distrusted()  # the peers whose state this process refused before, among others
+            names = {peer: name for peer, name in roster.usernames().items() if peer not in distrusted}
             progress = self.dht.get(f"{robust.POLICY.run_id}_progress", latest=True)
             # judged as a newcomer would (this process's copy of the local epoch is not kept current)
             _, bound, _ = bounded_progress(
-                progress.value if progress is not None else None, names, robust.POLICY.username
+                progress.value if progress is not None else None, names, robust.POLICY.username, 0, distrusted
             )
             order, ahead = order_sources(priorities, names, bound, self.peer_id.to_base58())
             for peer in ahead:

@@ -16,11 +16,20 @@ ROSTER_CACHE_SECONDS = 10.0
 
 
 class Roster:
-    """Who signed what: the owner key of a protected record -> the username of its admitted token (cached)."""
+    """Who signed what: the owner key of a protected record -> the username of its admitted token (cached).
+    A volunteer the organizer removed (``denied``) is on no roster, whatever entries of theirs the DHT still holds."""
 
-    def __init__(self, dht: Any, run_id: str, experiment_key: Any, own_username: str | None = None):
+    def __init__(
+        self,
+        dht: Any,
+        run_id: str,
+        experiment_key: Any,
+        own_username: str | None = None,
+        denied: swarm_access.DenyList | None = None,
+    ):
         self.dht, self.run_id, self.experiment_key = dht, run_id, experiment_key
         self.own_username = own_username
+        self.denied = denied
         self._names: dict[str, str] = {}
         self._read_at = -math.inf
 
@@ -35,7 +44,9 @@ class Roster:
             else:
                 self._names = dict(guard._usernames)
                 self._read_at = time.monotonic()
-        return self._names
+        if self.denied is None:
+            return self._names
+        return {peer: name for peer, name in self._names.items() if name not in self.denied}
 
 
 def owner_peer_id(subkey: Any) -> str | None:
@@ -48,18 +59,29 @@ def owner_peer_id(subkey: Any) -> str | None:
         return None
 
 
+def _votes(entries: Iterable[tuple[str | None, int]], own_username: str | None) -> list[int]:
+    """Each other account's vote (the largest epoch among its records), in order."""
+    votes: dict[str, int] = {}
+    for username, epoch in entries:
+        if username is not None and username != own_username:
+            votes[username] = max(votes.get(username, 0), epoch)
+    return sorted(votes.values())
+
+
+def median_vote(entries: Iterable[tuple[str | None, int]], own_username: str | None) -> int | None:
+    """The lower median of the other accounts' votes (``entries`` are (username, epoch)); None without any."""
+    ordered = _votes(entries, own_username)
+    return ordered[(len(ordered) - 1) // 2] if ordered else None
+
+
 def epoch_bound(entries: Iterable[tuple[str | None, int]], own_username: str | None, own_epoch: int) -> int | None:
     """The largest epoch a progress record may state, as the peer of ``own_username`` at ``own_epoch`` judges:
     one past the larger of its own epoch and the lower median of the other accounts' votes (each account's vote
     is the largest epoch among its records; the server's peers are one account). ``entries`` are (username,
     epoch). None (no bound) when no other account has a record: one account alone cannot be judged."""
-    votes: dict[str, int] = {}
-    for username, epoch in entries:
-        if username is not None and username != own_username:
-            votes[username] = max(votes.get(username, 0), epoch)
-    if not votes:
+    ordered = _votes(entries, own_username)
+    if not ordered:
         return None
-    ordered = sorted(votes.values())
     if own_epoch <= 0:
         # A newcomer has no epoch of its own to hold records against: the upper median, so that honest peers a
         # few epochs apart all stay within its view (a made-up epoch still needs half the other accounts).
@@ -85,22 +107,47 @@ def progress_entries(metadata: Any, names: dict[str, str]) -> list[tuple[Any, st
 
 
 def bounded_progress(
-    metadata: Any, names: dict[str, str], own_username: str | None = None, own_epoch: int = 0
+    metadata: Any,
+    names: dict[str, str],
+    own_username: str | None = None,
+    own_epoch: int = 0,
+    distrusted: frozenset[str] = frozenset(),
+    partners: frozenset[str] | None = None,
 ) -> tuple[Any, int | None, list[str]]:
     """``metadata`` without the records whose epoch is past :func:`epoch_bound` (and without records of peers
-    not on the roster); the bound; the peer IDs whose records were dropped for their epoch."""
+    not on the roster, or ``distrusted``); the bound; the peer IDs whose records were dropped for their epoch.
+
+    With ``partners`` (the peers this one averaged with lately, see ``robust.partners``), a peer already in the
+    swarm follows a record at the bound itself (one past both its own epoch and the other accounts' median) only
+    from a partner or the server's peers: an honest peer gets there by completing a round, usually with this one,
+    while a peer that only publishes records one epoch ahead would otherwise make this peer skip to that epoch
+    (and drop the gradients it accumulated) every time it does."""
     if not isinstance(metadata, dict):
         return metadata, None, []
+    if distrusted:
+        names = {peer: name for peer, name in names.items() if peer not in distrusted}
     entries = progress_entries(metadata, names)
-    bound = epoch_bound(((name, epoch) for _, name, epoch, client in entries if not client), own_username, own_epoch)
+    voters = [(name, epoch) for _, name, epoch, client in entries if not client]
+    bound = epoch_bound(voters, own_username, own_epoch)
+    median = median_vote(voters, own_username)
     kept: dict[Any, Any] = {}
     ahead = []
     for subkey, name, epoch, _ in entries:
         if name is None:
             continue
-        if bound is not None and epoch > bound and name != own_username:
-            ahead.append(owner_peer_id(subkey) or "?")
-            continue
+        peer = owner_peer_id(subkey) or "?"
+        if name != own_username and bound is not None:
+            unvouched = (
+                partners is not None
+                and own_epoch > 0
+                and median is not None
+                and epoch > max(own_epoch, median)
+                and name != swarm_access.SERVER_PEER_USERNAME
+                and peer not in partners
+            )
+            if epoch > bound or unvouched:
+                ahead.append(peer)
+                continue
         kept[subkey] = metadata[subkey]
     return kept, bound, ahead
 
@@ -114,12 +161,24 @@ def make_tracker_class() -> type:
         def __init__(self, *args: Any, roster: Roster, **kwargs: Any):
             self.roster = roster
             self.epoch_bound: int | None = None
+            # volunteers' peers other than this one among the records read last (the server's hold no training state)
+            self.other_trainers = 1
             super().__init__(*args, **kwargs)
 
         def _parse_swarm_progress_data(self, metadata: Any) -> Any:
             try:
+                names = self.roster.usernames()
                 kept, self.epoch_bound, ahead = bounded_progress(
-                    metadata, self.roster.usernames(), self.roster.own_username, self.local_progress.epoch
+                    metadata,
+                    names,
+                    self.roster.own_username,
+                    self.local_progress.epoch,
+                    robust.distrusted(),
+                    robust.partners(),
+                )
+                not_trainers = {self.roster.own_username, swarm_access.SERVER_PEER_USERNAME}
+                self.other_trainers = sum(
+                    1 for subkey in kept or () if names.get(owner_peer_id(subkey) or "") not in not_trainers
                 )
             except Exception as exc:  # never stop the tracker: read as hivemind would
                 logger.warning("could not bound the swarm's progress: %r", exc)

@@ -16,11 +16,17 @@ head start).
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import hivemind
 
 from . import robust
+
+logger = logging.getLogger(__name__)
+# After a state download that left this peer behind, the swarm's progress is read again at most this often
+REREAD_AFTER_FAILED_CATCH_UP_SECONDS = 2.0
 
 
 class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
@@ -45,7 +51,56 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
             **kwargs,
         )
 
+    def _alone_with_server_peers(self) -> bool:
+        return self._roster is not None and getattr(self.tracker, "other_trainers", 1) == 0
+
+    def _update_global_epoch(self, grad_scaler: Any) -> None:
+        """hivemind's, without a state averaging round when no other volunteer trains: the server's witness keeps
+        a record in the swarm (so that a lone volunteer's gradient rounds are witnessed) but holds no training
+        state and joins no state round, and hivemind would wait ``averaging_timeout`` for a group every time."""
+        if not self._alone_with_server_peers():
+            return super()._update_global_epoch(grad_scaler)
+        every = self.average_state_every
+        self.average_state_every = 2**62
+        try:
+            return super()._update_global_epoch(grad_scaler)
+        finally:
+            self.average_state_every = every
+
+    def _maybe_schedule_state_averaging(self) -> None:
+        if not self._alone_with_server_peers():
+            super()._maybe_schedule_state_averaging()
+
     def _maybe_schedule_gradient_averaging(self) -> None:
         if self.tracker.global_progress.num_peers <= 1:
             return  # alone: hivemind would cancel the round at the epoch's end (see the module's docstring)
         super()._maybe_schedule_gradient_averaging()
+
+    def load_state_from_peers(self, **kwargs: Any) -> None:
+        """hivemind's, then, when no state could be taken and the swarm still looks ahead, an immediate read of
+        the swarm's progress: the read leaves out the peers whose state was just refused (``robust.distrusted``),
+        so a peer that serves a poisoned state while advertising a newer epoch keeps no one "out of sync" (without
+        it, hivemind asks for the state again at every step until its next scheduled read, and refuses it again)."""
+        super().load_state_from_peers(**kwargs)
+        if self._roster is None or self.local_epoch >= self.tracker.global_epoch:
+            return
+        if time.monotonic() - getattr(self, "_reread_at", 0.0) < REREAD_AFTER_FAILED_CATCH_UP_SECONDS:
+            return
+        self._reread_at = time.monotonic()
+        self.refresh_swarm_progress(timeout=REREAD_AFTER_FAILED_CATCH_UP_SECONDS)
+
+    def refresh_swarm_progress(self, timeout: float = 10.0) -> None:
+        """Have hivemind's progress tracker read the swarm's progress now, when its epoch is not this peer's.
+
+        After loading the swarm's state, the tracker's idea of the swarm's epoch can be older than the state just
+        loaded, and hivemind then counts none of this peer's samples towards the swarm's batch: a fast peer trains
+        alone for up to its next scheduled read (tens of seconds) and its work never reaches an averaging round.
+        """
+        tracker = self.tracker
+        if tracker.global_epoch == self.local_epoch:
+            return
+        tracker.fetched_global_progress_this_epoch.clear()
+        tracker.global_progress.next_fetch_time = 0.0
+        tracker.global_state_updated.set()  # wakes the fetcher, which then sees that a read is due now
+        if not tracker.fetched_global_progress_this_epoch.wait(timeout):
+            logger.warning("the swarm's progress was not read within %.0f s", timeout)

@@ -365,7 +365,12 @@ def train(
             server_witness = None
             if auxiliary and join.username == swarm_access.SERVER_PEER_USERNAME:
                 witness.install()  # the server's auxiliary peer records who took part in each round
-                server_witness = witness.Witness(dht, join.run_id, access.key.get_public_key().to_bytes())
+                server_witness = witness.Witness(
+                    dht,
+                    join.run_id,
+                    access.key.get_public_key().to_bytes(),
+                    robust.Roster(dht, join.run_id, access.experiment_key, join.username, deny_list),
+                )
             with _sigint_handler_kept():
                 opt = SwarmOptimizer(
                     dht=dht,
@@ -373,7 +378,7 @@ def train(
                     # out of rounds; its own state is never shared): every other peer reads it through the roster.
                     roster=None
                     if server_witness is not None
-                    else robust.Roster(dht, join.run_id, access.experiment_key, join.username),
+                    else robust.Roster(dht, join.run_id, access.experiment_key, join.username, deny_list),
                     run_id=join.run_id,
                     params=list(task.parameter_groups(model)),
                     optimizer=optimizer_factory(cfg),
@@ -411,7 +416,7 @@ def train(
                 return summary
             if should_stop() is None:
                 opt.load_state_from_peers()  # a late joiner catches up with the swarm's weights and epoch
-                _refresh_swarm_progress(opt)
+                opt.refresh_swarm_progress()
             _loop(
                 opt,
                 task,
@@ -499,23 +504,6 @@ def _witness_one_round(opt: Any, should_stop: Callable[[], StopReason | None], p
         pause(0.05)
     if control.exception() is not None:  # no group this time (hivemind logs why)
         pause(0.1)
-
-
-def _refresh_swarm_progress(opt: Any, timeout: float = 10.0) -> None:
-    """After loading the swarm's state, have hivemind's progress tracker read the swarm's progress at once.
-
-    Until it does, its idea of the swarm's epoch can be older than the state just loaded, and hivemind then
-    counts none of this peer's samples towards the swarm's batch: a fast peer trains alone for up to its
-    next scheduled read (tens of seconds) and its work never reaches an averaging round.
-    """
-    tracker = opt.tracker
-    if tracker.global_epoch >= opt.local_epoch:
-        return
-    tracker.fetched_global_progress_this_epoch.clear()
-    tracker.global_progress.next_fetch_time = 0.0
-    tracker.global_state_updated.set()  # wakes the fetcher, which then sees that a read is due now
-    if not tracker.fetched_global_progress_this_epoch.wait(timeout):
-        logger.warning("the swarm's progress was not read within %.0f s of joining", timeout)
 
 
 class _Access:

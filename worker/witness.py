@@ -56,8 +56,9 @@ def install() -> None:
 class Witness:
     """Publishes the rounds the averager processes saw complete, and this peer's flags, in the DHT."""
 
-    def __init__(self, dht: Any, run_id: str, public_key: bytes):
+    def __init__(self, dht: Any, run_id: str, public_key: bytes, roster: Any = None):
         self.dht, self.run_id, self.public_key = dht, run_id, public_key
+        self.roster = roster  # swarm_epoch.Roster: whose records vote for the epoch this peer's record states
         self.rounds: deque[dict[str, Any]] = deque(maxlen=KEEP_ROUNDS)
         self.flags: deque[dict[str, Any]] = deque(maxlen=KEEP_FLAGS)
         self._stored_at = 0.0
@@ -68,7 +69,11 @@ class Witness:
 
         hivemind's auxiliary peers publish none, so a volunteer training alone would see no other peer and never
         start an averaging round, and no round of theirs would be witnessed. With this record it averages with
-        the witness. Stored every PRESENT_SECONDS; it expires after hivemind's metadata expiration."""
+        the witness. Stored every PRESENT_SECONDS; it expires after hivemind's metadata expiration.
+
+        Its epoch is the lower median of the volunteers' votes (:meth:`swarm_epoch`), not this peer's tracker's
+        (the largest any record states): the server's peers are a vote every volunteer counts, and restating a
+        forger's record one epoch ahead would lend it that vote, epoch after epoch."""
         from hivemind.optim.progress_tracker import LocalTrainingProgress
         from hivemind.utils.timed_storage import get_dht_time
 
@@ -76,7 +81,7 @@ class Witness:
             return
         record = LocalTrainingProgress(
             peer_id=self.dht.peer_id.to_bytes(),
-            epoch=int(tracker.global_epoch),
+            epoch=self.swarm_epoch(tracker),
             samples_accumulated=0,
             samples_per_second=0.0,
             time=get_dht_time(),
@@ -89,6 +94,22 @@ class Witness:
             expiration_time=get_dht_time() + tracker.metadata_expiration,
         ):
             self._present_at = time.monotonic()
+
+    def swarm_epoch(self, tracker: Any) -> int:
+        """The lower median of the other accounts' votes, as the roster and this peer's flags let it read them
+        (the tracker's epoch without a roster, or with no other account in the swarm)."""
+        from .swarm_epoch import median_vote, progress_entries
+
+        if self.roster is None:
+            return int(tracker.global_epoch)
+        found = self.dht.get(tracker.training_progress_key, latest=True)
+        gone = robust.distrusted()
+        names = {peer: name for peer, name in self.roster.usernames().items() if peer not in gone}
+        entries = progress_entries(found.value if found is not None else None, names)
+        median = median_vote(
+            [(name, epoch) for _, name, epoch, client in entries if not client], swarm_access.SERVER_PEER_USERNAME
+        )
+        return int(tracker.global_epoch) if median is None else median
 
     def publish(self, epoch: int) -> None:
         """Collect what happened since the last call (rounds of ``epoch``, the epoch the peer was in before its

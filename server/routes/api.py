@@ -229,7 +229,9 @@ def join(
         raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
     run_id = experiments.run_id(experiment)
     # Whichever server process holds the swarm's lease runs its bootstrap peer and publishes where it listens.
-    # Read-only until then: the process that takes the lease must be able to write it.
+    # No transaction is held while waiting for it: authentication may have written (a token's last use), and on
+    # SQLite an open write would lock every other request's writes (a sign-up failed so) for up to 10 s.
+    session.commit()
     maddrs = _bootstrap_addresses(request, run_id, timeout=10)
     if not maddrs:
         raise Unavailable("the experiment's swarm is starting: try again shortly", headers={"Retry-After": "3"})
