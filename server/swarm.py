@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import peer_logs
 from .contributions import MONITOR_SECONDS
 from .settings import tcp_maddr
 
@@ -55,15 +56,17 @@ class SwarmHost:
         token_minutes: float = 60.0,
         ports: range | None = None,
         announce_host: str = "",
+        log_max_bytes: int = peer_logs.MAX_BYTES,
     ):
         self.data_dir = data_dir
+        self.log_max_bytes = log_max_bytes  # each server-run peer's log, rotated (server/peer_logs.py)
         self.host = host
         self.enabled = enabled
         self.token_minutes = token_minutes
         self.ports = ports  # None: random ports
         self.announce_host = announce_host if ports is not None else ""  # hivemind announces known ports only
         self._peers: dict[str, Peer] = {}
-        self._aux: dict[str, subprocess.Popen[str]] = {}  # run_id -> the server's auxiliary peer, when asked for
+        self._aux: dict[str, subprocess.Popen[bytes]] = {}  # run_id -> the server's auxiliary peer, when asked for
         self._aux_ports: dict[str, int] = {}
         self._keepers: dict[str, subprocess.Popen[str]] = {}  # run_id -> the checkpoint peer, for tasks that keep them
         self._keeper_ports: dict[str, int] = {}
@@ -202,11 +205,12 @@ class SwarmHost:
             ]
             if self.announce_host:
                 cmd += ["--announce-host", self.announce_host]
-            log = open(folder / f"{run_id}.aux.log", "a")  # noqa: SIM115 - the child owns it from here
-            self._aux[run_id] = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=log, stderr=log, text=True, start_new_session=True
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
             )
-            log.close()
+            assert process.stdout is not None
+            peer_logs.copy_to_log(process.stdout, folder / f"{run_id}.aux.log", self.log_max_bytes)
+            self._aux[run_id] = process
             self._aux_ports[run_id] = port
             logger.info("started the auxiliary peer for %s (pid %s)", run_id, self._aux[run_id].pid)
 
@@ -248,11 +252,16 @@ class SwarmHost:
             ]
             if self.announce_host:
                 cmd += ["--announce-host", self.announce_host]
-            log = open(folder / f"{run_id}.checkpoints.log", "a")  # noqa: SIM115 - the child owns it from here
             process = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
             )
-            log.close()
+            assert process.stderr is not None
+            peer_logs.copy_to_log(process.stderr.buffer, folder / f"{run_id}.checkpoints.log", self.log_max_bytes)
             self._keepers[run_id] = process
             self._keeper_ports[run_id] = port
             self._keeper_ready.discard(run_id)
