@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import contributions, experiments, leases, observability, training_data, witnessed
+from . import body_limit, contributions, experiments, leases, observability, training_data, witnessed
 from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
@@ -234,6 +234,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.reconcile_soon = lambda: None  # replaced once the event loop runs
     app.state.loop = None
     _install_error_handlers(app)
+    app.add_middleware(body_limit.BodyLimit, settings=settings)  # inside the metrics: 413s are counted
     observability.install(app, settings.metrics_token or None)
 
     web = Path(str(files("swarmhub.web")))

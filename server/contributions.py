@@ -265,8 +265,8 @@ def by_user(session: Session, experiment: Experiment) -> dict[int, Verified]:
     from the whole ledger (a scan: pages read ``VolunteerTotal``, which ``record`` keeps equal to this)."""
     result: dict[int, Verified] = {}
     open_epoch = session.scalar(select(func.max(PeerEpoch.epoch)).where(PeerEpoch.experiment_id == experiment.id))
-    epochs = ((True, PeerEpoch.epoch < open_epoch), (False, PeerEpoch.epoch == open_epoch))
-    for closed, condition in epochs if open_epoch is not None else ():
+    parts = ((True, PeerEpoch.epoch < open_epoch), (False, PeerEpoch.epoch == open_epoch))
+    for closed, condition in parts if open_epoch is not None else ():
         rows = session.execute(
             select(PeerEpoch.user_id, func.sum(PeerEpoch.samples), func.count(PeerEpoch.id))
             .where(PeerEpoch.experiment_id == experiment.id, condition)

@@ -29,12 +29,21 @@ class Settings(BaseSettings):
     device_code_minutes: int = 10
     active_window_seconds: int = 30  # a worker that reported within this window counts as active
     live_interval_seconds: float = Field(default=0.25, gt=0, le=60)  # at most one dashboard push per interval
+    live_max_per_address: int = Field(default=32, ge=1)  # live dashboard sockets one client address holds (per process)
+    live_max_per_experiment: int = Field(default=5000, ge=1)  # live sockets on one experiment's dashboard (per process)
     redis_url: str = ""  # redis://host:6379/0: live updates fan out and rate limits are shared across processes
     redis_channel: str = "swarmhub:live"  # pub/sub channel, rate-limit key prefix: one per deployment sharing a Redis
     metrics_token: str = ""  # when set, GET /metrics (Prometheus) needs "Authorization: Bearer <it>"
     corpus_max_mb: float = Field(default=64.0, gt=0, le=4096)  # the largest training text an organizer may upload
     corpus_dir: Path | None = None  # a folder of *.txt files organizers may pick as training text (server-side)
     checkpoints_kept: int = Field(default=3, ge=1, le=1000)  # model checkpoints kept on disk per experiment
+    body_max_mb: float = Field(default=1.0, gt=0, le=4096)  # the largest request body (MiB) but corpus uploads
+    # What one account may hold (administrators are exempt): each running experiment costs the server a bootstrap
+    # peer, ports, and maybe an auxiliary and a checkpoint peer; each corpus costs disk.
+    quota_running_experiments: int = Field(default=2, ge=0)  # experiments one account runs at once
+    quota_experiments_per_day: int = Field(default=10, ge=0)  # experiments one account creates in 24 hours
+    quota_server_peers: int = Field(default=4, ge=0)  # auxiliary and checkpoint peers run for one account's experiments
+    quota_corpus_mb: float = Field(default=2048.0, ge=0)  # training text (MiB) stored for one account's experiments
 
     @field_validator("swarm_host")
     @classmethod

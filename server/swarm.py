@@ -260,8 +260,8 @@ class SwarmHost:
                 text=True,
                 start_new_session=True,
             )
-            assert process.stderr is not None
-            peer_logs.copy_to_log(process.stderr.buffer, folder / f"{run_id}.checkpoints.log", self.log_max_bytes)
+            stderr: Any = process.stderr  # text mode (stdout carries its events); the log is copied as bytes
+            peer_logs.copy_to_log(stderr.buffer, folder / f"{run_id}.checkpoints.log", self.log_max_bytes)
             self._keepers[run_id] = process
             self._keeper_ports[run_id] = port
             self._keeper_ready.discard(run_id)
@@ -411,7 +411,7 @@ def _can_listen(host: str, port: int) -> bool:
     return True
 
 
-def _terminate(process: subprocess.Popen[str], timeout: float) -> None:
+def _terminate(process: subprocess.Popen[Any], timeout: float) -> None:
     if process.poll() is not None:
         return
     process.terminate()  # the peer shuts its DHT down cleanly on SIGTERM

@@ -263,13 +263,14 @@ def make_reducer_class() -> type:
             super().__init__(part_shapes, num_senders)
 
         def reset_accumulators(self) -> None:
-            assert self.current_part_accumulated_from == self.num_current_senders or self.current_part_index == -1
+            done = self.current_part_accumulated_from == self.num_current_senders  # type: ignore[has-type]
+            assert done or self.current_part_index == -1
             if self.current_part_index >= self.num_parts - 1:
                 self.finalize()
                 return
             self.current_part_index += 1
             self.current_part_accumulated_from = 0
-            self.current_part_future = asyncio.Future()
+            self.current_part_future: asyncio.Future[Any] = asyncio.Future()
             self.num_current_senders = sum(self.current_part_index < failed for failed in self.sender_failed_after)
             self.accumulator = None
             self.denominator = 0.0
@@ -374,7 +375,9 @@ def make_runner_class() -> type:
                 for i, (peer, weight) in enumerate(zip(reducer.sender_ids, weights, strict=True))
                 if reducer.num_parts_received[i] == reducer.num_parts and i not in reducer.dropped and weight > 0
             ]
-            POLICY.witness(self.group_id.hex(), senders)
+            witness = POLICY.witness
+            if witness is not None:
+                witness(self.group_id.hex(), senders)
 
     return GuardedAllReduceRunner
 

@@ -104,7 +104,9 @@ def install_state_guard() -> None:
                 try:
                     stub = self.get_stub(self._p2p, PeerID.from_base58(peer), namespace=self.prefix)
                     stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
-                    metadata, parts, tensors = None, [], []
+                    metadata: Any = None
+                    parts: list[Any] = []
+                    tensors: list[torch.Tensor] = []
                     async for message in aiter_with_timeout(stream, timeout=timeout):
                         if message.metadata:
                             metadata = self.serializer.loads(message.metadata)

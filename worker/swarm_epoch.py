@@ -93,7 +93,7 @@ def progress_entries(metadata: Any, names: dict[str, str]) -> list[tuple[Any, st
     """(subkey, username, epoch, client_mode) of each parseable progress record."""
     from hivemind.optim.progress_tracker import LocalTrainingProgress
 
-    entries = []
+    entries: list[tuple[Any, str | None, int, bool]] = []
     if not isinstance(metadata, dict):
         return entries
     for subkey, item in metadata.items():

@@ -60,7 +60,7 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
         state and joins no state round, and hivemind would wait ``averaging_timeout`` for a group every time."""
         if not self._alone_with_server_peers():
             return super()._update_global_epoch(grad_scaler)
-        every = self.average_state_every
+        every = self.average_state_every  # type: ignore[has-type]
         self.average_state_every = 2**62
         try:
             return super()._update_global_epoch(grad_scaler)

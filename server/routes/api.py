@@ -24,7 +24,7 @@ from swarmhub.worker.protocol import (
     TokenResponse,
 )
 
-from .. import accounts, device, experiments, leases, metrics
+from .. import accounts, device, experiments, leases, metrics, quotas
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token
 from ..errors import BadRequest, Unavailable, documented
 from ..ratelimit import limited, limited_per_account
@@ -171,8 +171,9 @@ def list_experiments(session: DB, user: OptionalUser) -> list[ExperimentSummary]
 
 @router.post("/experiments", response_model=experiments.ExperimentPublic, status_code=201)
 def create_experiment(
-    body: experiments.ExperimentCreate, session: DB, user: CurrentUser, request: Request
+    body: experiments.ExperimentCreate, session: DB, user: CurrentUser, settings: AppSettings
 ) -> experiments.ExperimentPublic:
+    quotas.check_create(session, settings, user)
     return experiments.to_public(experiments.create(session, user, body))
 
 
@@ -183,17 +184,20 @@ def get_experiment(slug: str, session: DB, user: OptionalUser) -> experiments.Ex
 
 @router.patch("/experiments/{slug}", response_model=experiments.ExperimentPublic)
 def update_experiment(
-    slug: str, body: experiments.ExperimentUpdate, session: DB, user: CurrentUser
+    slug: str, body: experiments.ExperimentUpdate, session: DB, user: CurrentUser, settings: AppSettings
 ) -> experiments.ExperimentPublic:
     experiment = experiments.get_managed(session, slug, user)
+    quotas.check_update(session, settings, experiment, user, body)
     return experiments.to_public(experiments.update(session, experiment, body))
 
 
 @router.post("/experiments/{slug}/status", response_model=experiments.ExperimentPublic)
 def change_status(
-    slug: str, body: experiments.StatusChange, session: DB, user: CurrentUser, request: Request
+    slug: str, body: experiments.StatusChange, session: DB, user: CurrentUser, settings: AppSettings, request: Request
 ) -> experiments.ExperimentPublic:
-    experiment = experiments.change_status(session, experiments.get_managed(session, slug, user), body.action)
+    experiment = experiments.get_managed(session, slug, user)
+    quotas.check_status_change(session, settings, experiment, user, body.action)
+    experiment = experiments.change_status(session, experiment, body.action)
     request.app.state.reconcile_soon()
     return experiments.to_public(experiment)
 

@@ -5,40 +5,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile as StarletteUploadFile
 
-from .. import experiments, training_data
+from .. import experiments, quotas, training_data
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser
-from ..errors import BadRequest, TooLarge, documented
+from ..errors import BadRequest, documented
+from ..models import User
 from ..ratelimit import limited
 
 router = APIRouter(prefix="/api", tags=["data"], responses=documented(400, 401, 403, 404, 409, 413, 429))
-UPLOAD_OVERHEAD = 64 * 1024  # multipart framing and the form's other fields
-
-
-def upload_limit(request: Request, settings: AppSettings) -> None:
-    """Refuse an upload over the limit before reading it: the body would otherwise be spooled to disk whole."""
-    if request.method not in ("POST", "PUT"):
-        return
-    length = request.headers.get("content-length")
-    limit = training_data.max_bytes(settings) + UPLOAD_OVERHEAD
-    if length is None or not length.isdigit():
-        if request.headers.get("transfer-encoding", "").lower() == "chunked":
-            raise BadRequest("send the upload with a Content-Length", field="file")
-        return
-    if int(length) > limit:
-        raise TooLarge(
-            f"the upload is {int(length) / 2**20:.1f} MB; this server takes training text up to "
-            f"{settings.corpus_max_mb:g} MB (SWARMHUB_CORPUS_MAX_MB)",
-            field="file",
-        )
-
-
-UploadLimit = Depends(upload_limit)
+# Multipart framing and the form's other fields: an upload's body may be this much over SWARMHUB_CORPUS_MAX_MB.
+# ``body_limit.BodyLimit`` refuses a larger body (413) before it is read: the form would otherwise be parsed, and
+# spooled to disk, whole.
+UPLOAD_OVERHEAD = 64 * 1024
 
 
 def _printable(name: str) -> str:
@@ -54,6 +37,7 @@ async def set_corpus_from_form(
     session: DB,
     settings: AppSettings,
     experiment: experiments.Experiment,
+    user: User,
     upload: StarletteUploadFile | None,
     source: str | None,
     options: training_data.CorpusOptions,
@@ -70,6 +54,7 @@ async def set_corpus_from_form(
         label = source
     else:
         raise BadRequest("choose a file to upload or a text the server offers", field="file")
+    await run_in_threadpool(quotas.check_corpus, session, settings, experiment, user, text)
     return await run_in_threadpool(training_data.attach, session, settings, experiment, text, label, options)
 
 
@@ -82,7 +67,7 @@ def corpus_sources(settings: AppSettings, user: CurrentUser) -> list[training_da
 @router.put(
     "/experiments/{slug}/corpus",
     response_model=training_data.CorpusPublic,
-    dependencies=[UploadLimit, limited("corpus")],
+    dependencies=[limited("corpus")],
 )
 async def put_corpus(
     slug: str,
@@ -98,7 +83,7 @@ async def put_corpus(
     cuts it into token shards. Answers once it is ready."""
     experiment = experiments.get_managed(session, slug, user)
     options = training_data.CorpusOptions(vocab_size=vocab_size, seq_length=seq_length)
-    row = await set_corpus_from_form(session, settings, experiment, file, source, options)
+    row = await set_corpus_from_form(session, settings, experiment, user, file, source, options)
     return training_data.to_public(row)
 
 

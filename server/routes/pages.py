@@ -13,7 +13,7 @@ from starlette.datastructures import UploadFile
 from swarmhub.worker.protocol import Aggregation, OptimizerName, Overlap, TrainingSettings
 from swarmhub.worker.tasks import available_tasks, get_task
 
-from .. import accounts, device, experiments, ratelimit, training_data
+from .. import accounts, device, experiments, quotas, ratelimit, training_data
 from ..deps import CSRF, DB, SESSION_COOKIE, AppSettings, PageUser, RequiredPageUser, web_session
 from ..errors import AppError
 from ..models import Corpus, WebSession
@@ -231,7 +231,9 @@ def new_experiment_page(request: Request, user: RequiredPageUser, web: WebSess) 
 
 
 @router.post("/experiments/new", dependencies=[CSRF])
-async def create_experiment(request: Request, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+async def create_experiment(
+    request: Request, session: DB, settings: AppSettings, user: RequiredPageUser, web: WebSess
+) -> Response:
     data, errors = await _experiment_form(request)
     try:
         body = experiments.ExperimentCreate.model_validate(data)
@@ -243,6 +245,7 @@ async def create_experiment(request: Request, session: DB, user: RequiredPageUse
     if errors:
         return _form_page(request, user, web, values=data, errors=errors, status_code=422)
     try:
+        quotas.check_create(session, settings, user)
         experiment = experiments.create(session, user, body)
     except AppError as exc:
         return _form_page(
@@ -290,7 +293,7 @@ def dashboard(
     return _dashboard(request, session, settings, experiment, user, web)
 
 
-@router.post("/experiments/{slug}/corpus", dependencies=[data.UploadLimit, CSRF, limited("corpus")])
+@router.post("/experiments/{slug}/corpus", dependencies=[CSRF, limited("corpus")])
 async def set_corpus(
     request: Request, slug: str, session: DB, settings: AppSettings, user: RequiredPageUser, web: WebSess
 ) -> Response:
@@ -307,6 +310,7 @@ async def set_corpus(
             session,
             settings,
             experiment,
+            user,
             upload if isinstance(upload, UploadFile) else None,
             source if isinstance(source, str) and source else None,
             options,
@@ -331,14 +335,18 @@ def edit_experiment_page(request: Request, slug: str, session: DB, user: Require
 
 
 @router.post("/experiments/{slug}/edit", dependencies=[CSRF])
-async def edit_experiment(request: Request, slug: str, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+async def edit_experiment(
+    request: Request, slug: str, session: DB, settings: AppSettings, user: RequiredPageUser, web: WebSess
+) -> Response:
     experiment = experiments.get_managed(session, slug, user)
     data, errors = await _experiment_form(request)
     data.pop("slug", None)  # the slug is the experiment's address: it never changes
     values = {**data, "slug": experiment.slug}
     if not errors:
         try:
-            experiments.update(session, experiment, experiments.ExperimentUpdate.model_validate(data))
+            changes = experiments.ExperimentUpdate.model_validate(data)
+            quotas.check_update(session, settings, experiment, user, changes)
+            experiments.update(session, experiment, changes)
         except ValidationError as exc:
             errors = _errors(exc)
         except AppError as exc:
@@ -350,12 +358,16 @@ async def edit_experiment(request: Request, slug: str, session: DB, user: Requir
 
 
 @router.post("/experiments/{slug}/status", dependencies=[CSRF])
-async def change_status(request: Request, slug: str, session: DB, user: RequiredPageUser) -> Response:
+async def change_status(
+    request: Request, slug: str, session: DB, settings: AppSettings, user: RequiredPageUser
+) -> Response:
     form = await request.form()
     action = str(form.get("action", ""))
     if action not in experiments.TRANSITIONS:
         raise AppError(f"unknown action {action!r}", field="action")
-    experiments.change_status(session, experiments.get_managed(session, slug, user), action)
+    experiment = experiments.get_managed(session, slug, user)
+    quotas.check_status_change(session, settings, experiment, user, action)
+    experiments.change_status(session, experiment, action)
     request.app.state.reconcile_soon()
     return _see_other(f"/experiments/{slug}")
 

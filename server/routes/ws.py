@@ -36,6 +36,41 @@ MAX_MESSAGES_PER_SECOND = 50  # on average; far above what a worker sends (about
 MAX_BURST = 250  # messages read at once: a reporter's backlog (20/s) that waited about 15 s for a stalled database
 MAX_IN_FLIGHT = 64  # reports read from one socket and not yet acknowledged
 INTERNAL_ERROR = 1011
+TRY_AGAIN_LATER = 1013
+
+
+class LiveSeats:
+    """Live dashboard sockets open in this server process, per client address and per experiment: one address
+    (a script, or a browser with hundreds of tabs) cannot hold every seat, nor one experiment every socket."""
+
+    def __init__(self, per_address: int, per_experiment: int):
+        self.per_address, self.per_experiment = per_address, per_experiment
+        self.by_address: dict[str, int] = {}
+        self.by_slug: dict[str, int] = {}
+
+    def take(self, address: str, slug: str) -> str | None:
+        """Take a seat; or why not (the close reason)."""
+        if self.by_address.get(address, 0) >= self.per_address:
+            return f"too many live dashboards from your address (at most {self.per_address}): close some"
+        if self.by_slug.get(slug, 0) >= self.per_experiment:
+            return f"this dashboard has its most viewers ({self.per_experiment}): reload in a minute"
+        self.by_address[address] = self.by_address.get(address, 0) + 1
+        self.by_slug[slug] = self.by_slug.get(slug, 0) + 1
+        return None
+
+    def give_back(self, address: str, slug: str) -> None:
+        for counts, key in ((self.by_address, address), (self.by_slug, slug)):
+            counts[key] -= 1
+            if counts[key] <= 0:
+                del counts[key]
+
+
+def _seats(app: Any) -> LiveSeats:
+    seats = getattr(app.state, "live_seats", None)
+    if seats is None:
+        settings = app.state.settings
+        seats = app.state.live_seats = LiveSeats(settings.live_max_per_address, settings.live_max_per_experiment)
+    return seats
 
 
 async def _deny(websocket: WebSocket, status: int, detail: str) -> None:
@@ -221,8 +256,22 @@ def _snapshot(app: Any, slug: str) -> str | None:
 
 @router.websocket("/ws/experiments/{slug}/live")
 async def live(websocket: WebSocket, slug: str) -> None:
-    """Public: a snapshot on connect, then one whenever the experiment's numbers change."""
+    """Public: a snapshot on connect, then one whenever the experiment's numbers change. Over the caps of
+    :class:`LiveSeats` the socket is closed at once with 1013 (try again later) and a reason."""
     app = websocket.app
+    address = websocket.client.host if websocket.client else "unknown"
+    refused = _seats(app).take(address, slug)
+    if refused is not None:
+        await websocket.accept()
+        await websocket.close(TRY_AGAIN_LATER, refused)
+        return
+    try:
+        await _watch(websocket, app, slug)
+    finally:
+        _seats(app).give_back(address, slug)
+
+
+async def _watch(websocket: WebSocket, app: Any, slug: str) -> None:
     first = await run_in_threadpool(_snapshot, app, slug)
     if first is None:
         await _deny(websocket, 404, f"no experiment {slug!r}")
