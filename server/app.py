@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import body_limit, contributions, experiments, leases, observability, training_data, witnessed
+from . import body_limit, contributions, experiments, leases, observability, rollback, training_data, witnessed
 from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
@@ -125,6 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "experiment": experiments.to_config(experiment).model_dump(mode="json"),
             "corpus": str(training_data.corpus_folder(settings, corpus)) if corpus is not None else None,
             "interval_seconds": experiment.checkpoint_minutes * 60,
+            "restore": rollback.restore_order(experiment),  # written to the peer's restore file at every reconcile
         }
 
     def record_checkpoint(run_id: str, event: dict[str, Any]) -> None:
@@ -141,6 +142,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 int(event["epoch"]),
                 float(loss) if isinstance(loss, int | float) else None,
                 str(event["folder"]),
+                int(event["restored_from"]) if isinstance(event.get("restored_from"), int) else None,
             )
             slug = experiment.slug
         loop = app.state.loop

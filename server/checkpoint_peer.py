@@ -15,7 +15,10 @@ nothing, and every ``interval_seconds``:
 
 At start it loads the newest checkpoint on disk, so a swarm that emptied (or a server that restarted) goes on
 from there: this peer shares that state, and the next volunteer to join loads it from this peer instead of
-starting from scratch. It leaves the swarm cleanly on SIGTERM, SIGINT, or when its stdin closes.
+starting from scratch. When the organizer rolls the swarm back (``server/rollback.py``), the server writes the
+request into ``restore_file``; this peer loads that checkpoint and shares it two epochs past the swarm's, so that
+every peer loads it, and saves it at once (``{"event": "checkpoint", ..., "restored_from": E}``). It leaves the
+swarm cleanly on SIGTERM, SIGINT, or when its stdin closes.
 """
 
 from __future__ import annotations
@@ -54,18 +57,31 @@ def newest_checkpoint(folder: Path) -> Path | None:
 class Keeper:
     """``training.train``'s ``keeper``: resume from disk, then pull, evaluate and save at each interval."""
 
-    def __init__(self, run_id: str, folder: Path, interval: float, pause: Callable[[float], Any]):
+    def __init__(
+        self,
+        run_id: str,
+        folder: Path,
+        interval: float,
+        pause: Callable[[float], Any],
+        restore_file: Path | None = None,
+    ):
         self.run_id = run_id
         self.folder = folder
         self.interval = interval
         self.pause = pause
         self.saved_epoch = -1
+        self.restore_file = restore_file
+        self.restored_seq = self._handled_restores()
 
     def __call__(self, opt: Any, task: Any, model: Any, should_stop: Callable[[], Any]) -> None:
         self.resume(opt, model)
         _emit({"event": "keeping", "epoch": opt.local_epoch})
         next_check = time.monotonic() + self.interval
         while should_stop() is None:
+            try:
+                self.maybe_restore(opt, task, model)
+            except Exception:  # a failed restore leaves the swarm's state as it was; the organizer may ask again
+                logger.exception("the rollback failed")
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + self.interval
                 try:
@@ -75,12 +91,58 @@ class Keeper:
             self.pause(min(1.0, max(next_check - time.monotonic(), 0.05)))
 
     def resume(self, opt: Any, model: Any) -> None:
-        import torch
-
         newest = newest_checkpoint(self.folder)
         if newest is None:
             return
-        state = torch.load(newest / "state.pt", map_location="cpu", weights_only=True)
+        self._load(opt, model, newest)
+        logger.info("resumed from %s (step %d)", newest, opt.local_epoch)
+
+    def _handled_restores(self) -> int:
+        try:
+            return int(json.loads((self.folder / "restored.json").read_text())["seq"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    def maybe_restore(self, opt: Any, task: Any, model: Any) -> None:
+        """Act on a rollback the organizer asked for since the last one this peer handled (once each)."""
+        if self.restore_file is None or not self.restore_file.exists():
+            return
+        text = self.restore_file.read_text().strip()
+        order = json.loads(text) if text else None
+        if not isinstance(order, dict) or int(order.get("seq", 0)) <= self.restored_seq:
+            return
+        seq, epoch = int(order["seq"]), int(order["epoch"])
+        folder = self.folder / f"{epoch:010d}"
+        try:
+            if (folder / "state.pt").is_file():
+                self.restore(opt, task, model, folder, epoch)
+            else:
+                logger.warning("no checkpoint of step %d to roll back to in %s", epoch, self.folder)
+                _emit({"event": "restore-failed", "epoch": epoch, "reason": "its files are gone"})
+        finally:
+            self.restored_seq = seq
+            tmp = self.folder / ".restored.json.tmp"
+            tmp.write_text(json.dumps({"seq": seq, "epoch": epoch}))
+            os.replace(tmp, self.folder / "restored.json")
+
+    def restore(self, opt: Any, task: Any, model: Any, folder: Path, epoch: int) -> None:
+        """Share the checkpoint in ``folder`` as the swarm's state, two epochs past the newest this peer has seen:
+        every peer is then at least two epochs behind a server peer and loads the state from it."""
+        target = max(int(opt.local_epoch), int(opt.tracker.global_epoch)) + 2
+        self._load(opt, model, folder)
+        averager = opt.state_averager
+        averager.local_epoch = target
+        averager._update_scheduler()  # the schedule goes on at the swarm's step count
+        averager.state_sharing_priority = target
+        opt.tracker.report_local_progress(target, 0)
+        logger.warning("rolled the swarm back to the checkpoint of step %d, shared as step %d", epoch, target)
+        self.save(opt, task, model, restored_from=epoch)
+
+    def _load(self, opt: Any, model: Any, folder: Path) -> None:
+        """Make the checkpoint in ``folder`` this peer's state (weights, optimizer statistics, step)."""
+        import torch
+
+        state = torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
         averager = opt.state_averager
         with torch.no_grad(), averager.lock_averaged_tensors:
             model.load_state_dict(state["model"])
@@ -97,7 +159,6 @@ class Keeper:
         averager.state_sharing_priority = opt.local_epoch  # newcomers load the newest state first
         opt.tracker.report_local_progress(opt.local_epoch, 0)  # the swarm's step is this one now
         self.saved_epoch = opt.local_epoch
-        logger.info("resumed from %s (step %d)", newest, opt.local_epoch)
 
     def check(self, opt: Any, task: Any, model: Any) -> None:
         if opt.tracker.global_epoch > opt.local_epoch:
@@ -105,7 +166,7 @@ class Keeper:
         if opt.local_epoch > self.saved_epoch:
             self.save(opt, task, model)
 
-    def save(self, opt: Any, task: Any, model: Any) -> None:
+    def save(self, opt: Any, task: Any, model: Any, restored_from: int | None = None) -> None:
         import torch
 
         epoch = int(opt.local_epoch)
@@ -122,14 +183,16 @@ class Keeper:
                     if path.is_file():
                         archive.write(path, path.relative_to(tmp / "model").as_posix())
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch}, tmp / "state.pt")
-            (tmp / "info.json").write_text(json.dumps({"epoch": epoch, "eval_loss": eval_loss, "time": time.time()}))
+            info = {"epoch": epoch, "eval_loss": eval_loss, "time": time.time(), "restored_from": restored_from}
+            (tmp / "info.json").write_text(json.dumps(info))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self.saved_epoch = epoch
         loss = eval_loss if eval_loss is None or eval_loss == eval_loss else None  # NaN is not JSON
-        _emit({"event": "checkpoint", "epoch": epoch, "eval_loss": loss, "folder": f"{self.run_id}/{name}"})
+        event = {"event": "checkpoint", "epoch": epoch, "eval_loss": loss, "folder": f"{self.run_id}/{name}"}
+        _emit({**event, "restored_from": restored_from} if restored_from is not None else event)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         server_time=time.time(),
     )
     corpus = LocalCorpus(Path(config["corpus"])) if config.get("corpus") else None
-    keeper = Keeper(run_id, Path(config["folder"]), float(config["interval_seconds"]), stop.wait)
+    restore_file = Path(config["restore_file"]) if config.get("restore_file") else None
+    keeper = Keeper(run_id, Path(config["folder"]), float(config["interval_seconds"]), stop.wait, restore_file)
     summary = train(
         join,
         device="cpu",

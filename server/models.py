@@ -146,6 +146,10 @@ class Experiment(Base):
     max_peers_per_volunteer: Mapped[int] = mapped_column(Integer, server_default=text("4"))
     # Remove a volunteer once the server's peers flagged them this many times (0: never; the organizer decides)
     auto_remove_flags: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # The kept checkpoint (its step) the organizer restored as the swarm's state, and how many restores were asked
+    # for: the checkpoint peer acts on each new one once (``rollback.py``)
+    restore_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    restore_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"), default=0)
     # The experiment's swarm token signing key (base64 DER). It never leaves the server.
     signing_key: Mapped[str] = mapped_column(Text)
     join_policy: Mapped[str] = mapped_column(String(16), default="open")  # open / invite / allowlist
@@ -457,4 +461,5 @@ class Checkpoint(Base):
     eval_loss: Mapped[float | None] = mapped_column(Float)
     folder: Mapped[str] = mapped_column(String(200))
     kept: Mapped[bool] = mapped_column(Boolean, default=True)  # False once its files were pruned
+    restored_from: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # a rollback's first checkpoint
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -231,7 +231,15 @@ class SwarmHost:
             checkpoints = self.data_dir / "checkpoints" / run_id
             checkpoints.mkdir(parents=True, exist_ok=True)
             path.write_text(
-                json.dumps({**config, "run_id": run_id, "initial_peers": initial_peers, "folder": str(checkpoints)})
+                json.dumps(
+                    {
+                        **config,
+                        "run_id": run_id,
+                        "initial_peers": initial_peers,
+                        "folder": str(checkpoints),
+                        "restore_file": str(self.restore_file(run_id)),
+                    }
+                )
             )
             cmd = [
                 sys.executable,
@@ -356,6 +364,7 @@ class SwarmHost:
             elif run_id in self._aux:
                 self.stop_aux(run_id)
             if keeper is not None:
+                self.write_restore(run_id, keeper.get("restore"))
                 self.start_keeper(run_id, keeper)
             elif run_id in self._keepers:
                 self.stop_keeper(run_id)
@@ -369,6 +378,19 @@ class SwarmHost:
             tmp = path.with_suffix(".deny.tmp")
             tmp.write_text(text)
             os.replace(tmp, path)  # the peer never reads half a list
+
+    def restore_file(self, run_id: str) -> Path:
+        return self.data_dir / "peers" / f"{run_id}.restore"
+
+    def write_restore(self, run_id: str, order: dict[str, int] | None) -> None:
+        """The organizer's newest rollback for the checkpoint peer (``rollback.py``), whole or absent."""
+        path = self.restore_file(run_id)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        text = json.dumps(order) if order is not None else ""
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_suffix(".restore.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
 
     def swarm_peers(self, run_id: str) -> int | None:
         peer = self._peers.get(run_id)

@@ -60,6 +60,9 @@ class CheckpointPublic(BaseModel):
     eval_loss: float | None = Field(description="Held-out loss of the model at that step")
     created_at: datetime
     downloadable: bool = Field(description="Its files are still kept (the newest few are)")
+    restored_from: int | None = Field(
+        default=None, description="The step of the checkpoint an organizer rolled the swarm back to (its first)"
+    )
 
 
 def corpora_dir(settings: Settings) -> Path:
@@ -235,7 +238,13 @@ def file_path(settings: Settings, row: Corpus, name: str) -> Path:
 
 
 def record_checkpoint(
-    session: Session, settings: Settings, experiment: Experiment, epoch: int, eval_loss: float | None, folder: str
+    session: Session,
+    settings: Settings,
+    experiment: Experiment,
+    epoch: int,
+    eval_loss: float | None,
+    folder: str,
+    restored_from: int | None = None,
 ) -> Checkpoint:
     """Remember a checkpoint the checkpoint peer finished, and prune the files of all but the newest few."""
     row = session.scalar(select(Checkpoint).where(Checkpoint.experiment_id == experiment.id, Checkpoint.epoch == epoch))
@@ -244,6 +253,7 @@ def record_checkpoint(
         session.add(row)
     row.eval_loss = eval_loss
     row.folder = folder
+    row.restored_from = restored_from
     row.kept = True
     session.flush()
     kept = session.scalars(
@@ -266,7 +276,13 @@ def checkpoints(session: Session, experiment: Experiment, limit: int = 500) -> l
         .limit(limit)
     ).all()
     return [
-        CheckpointPublic(epoch=r.epoch, eval_loss=r.eval_loss, created_at=r.created_at, downloadable=r.kept)
+        CheckpointPublic(
+            epoch=r.epoch,
+            eval_loss=r.eval_loss,
+            created_at=r.created_at,
+            downloadable=r.kept,
+            restored_from=r.restored_from,
+        )
         for r in reversed(rows)
     ]
 

@@ -25,7 +25,11 @@ def order_sources(
     one is as new as the newest candidate less one epoch), then by epoch, newest first. Also the peers left
     out for advertising an epoch past the bound."""
     server = swarm_access.SERVER_PEER_USERNAME
-    ahead = [p for p, epoch in priorities.items() if bound is not None and epoch > bound and p != own_id]
+    ahead = [
+        p
+        for p, epoch in priorities.items()
+        if bound is not None and epoch > bound and p != own_id and names.get(p) != server  # the hub's are followed
+    ]
     candidates = {p: e for p, e in priorities.items() if p != own_id and p not in ahead and p in names}
     if not candidates:
         return [], ahead

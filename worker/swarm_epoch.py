@@ -136,13 +136,14 @@ def bounded_progress(
         if name is None:
             continue
         peer = owner_peer_id(subkey) or "?"
-        if name != own_username and bound is not None:
+        # The server's peers are followed wherever they are: the hub vouches for them, and its checkpoint peer
+        # shares a rolled-back state two epochs past the swarm's (``server/rollback.py``).
+        if name not in (own_username, swarm_access.SERVER_PEER_USERNAME) and bound is not None:
             unvouched = (
                 partners is not None
                 and own_epoch > 0
                 and median is not None
                 and epoch > max(own_epoch, median)
-                and name != swarm_access.SERVER_PEER_USERNAME
                 and peer not in partners
             )
             if epoch > bound or unvouched:

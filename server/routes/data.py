@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, UploadFile
+from fastapi import APIRouter, BackgroundTasks, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile as StarletteUploadFile
 
-from .. import experiments, quotas, training_data
+from .. import experiments, quotas, rollback, training_data
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser
 from ..errors import BadRequest, documented
 from ..models import User
@@ -123,6 +123,18 @@ def next_shard(slug: str, session: DB, user: CurrentUser) -> ShardTurn:
 def list_checkpoints(slug: str, session: DB, user: OptionalUser) -> list[training_data.CheckpointPublic]:
     """The models the server took from the swarm, with their held-out loss."""
     return training_data.checkpoints(session, experiments.get_visible(session, slug, user))
+
+
+@router.post("/experiments/{slug}/rollback", response_model=rollback.RollbackAccepted, status_code=202)
+def roll_back(
+    slug: str, body: rollback.RollbackRequest, session: DB, user: CurrentUser, tasks: BackgroundTasks, request: Request
+) -> rollback.RollbackAccepted:
+    """Restore a kept checkpoint as the swarm's state (organizer only): the server's checkpoint peer shares it,
+    and every peer loads it at its next read of the swarm's progress. 400 for a step with no kept checkpoint or a
+    task that keeps none, 409 for an experiment that is neither running nor paused."""
+    accepted = rollback.request(session, experiments.get_managed(session, slug, user), body.epoch)
+    tasks.add_task(request.app.state.reconcile_soon)  # after the commit: the reconcile reads the request
+    return accepted
 
 
 @router.get("/experiments/{slug}/model", response_class=FileResponse)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 from urllib.parse import urlparse
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, BackgroundTasks, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
@@ -13,7 +13,7 @@ from starlette.datastructures import UploadFile
 from swarmhub.worker.protocol import Aggregation, OptimizerName, Overlap, TrainingSettings
 from swarmhub.worker.tasks import available_tasks, get_task
 
-from .. import accounts, device, experiments, quotas, ratelimit, training_data
+from .. import accounts, device, experiments, quotas, ratelimit, rollback, training_data
 from ..deps import CSRF, DB, SESSION_COOKIE, AppSettings, PageUser, RequiredPageUser, web_session
 from ..errors import AppError
 from ..models import Corpus, WebSession
@@ -274,6 +274,11 @@ def _dashboard(
         "actions": [a for a, (src, _) in experiments.TRANSITIONS.items() if experiment.status in src],
         "needs_corpus": needs_corpus,
         "keeps_checkpoints": experiments.keeps_checkpoints(experiment),
+        "kept_checkpoints": [  # newest first
+            c for c in reversed(training_data.checkpoints(session, experiment, limit=50)) if c.downloadable
+        ]
+        if can_manage
+        else [],
         "corpus": session.get(Corpus, experiment.id) if needs_corpus else None,
         "corpus_sources": training_data.sources(settings)
         if can_manage and experiments.needs_corpus(experiment)
@@ -369,6 +374,22 @@ async def change_status(
     quotas.check_status_change(session, settings, experiment, user, action)
     experiments.change_status(session, experiment, action)
     request.app.state.reconcile_soon()
+    return _see_other(f"/experiments/{slug}")
+
+
+@router.post("/experiments/{slug}/rollback", dependencies=[CSRF])
+async def roll_back(
+    request: Request, slug: str, session: DB, user: RequiredPageUser, tasks: BackgroundTasks
+) -> Response:
+    """Restore a kept checkpoint as the swarm's state, from the experiment's page (``server/rollback.py``)."""
+    form = await request.form()
+    experiment = experiments.get_managed(session, slug, user)
+    try:
+        epoch = int(str(form.get("epoch", "")))
+    except ValueError:
+        raise AppError("choose one of the kept checkpoints", field="epoch") from None
+    rollback.request(session, experiment, epoch)
+    tasks.add_task(request.app.state.reconcile_soon)  # after the commit: the reconcile reads the request
     return _see_other(f"/experiments/{slug}")
 
 

@@ -2,7 +2,8 @@
 library's docstrings, uploaded), the server trains the tokenizer and serves the shards, two real `swarmhub join`
 processes pretrain a tiny ALBERT together, the server's checkpoint peer measures held-out loss falling, the model
 downloads in the transformers format and fills a masked token; then the swarm empties, the experiment restarts,
-and the next volunteer goes on from the checkpoint instead of from scratch."""
+and the next volunteer goes on from the checkpoint instead of from scratch; last, the organizer rolls the swarm
+back to its first checkpoint while a volunteer trains, and she trains on from there."""
 
 from __future__ import annotations
 
@@ -141,7 +142,7 @@ def masked_lm_losses(model_dir: Path) -> tuple[float, float, list[str]]:
 
 
 def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp_path):
-    with running_server(tmp_path) as (url, server_process):
+    with running_server(tmp_path, checkpoints_kept="100") as (url, server_process):
         headers = create_experiment(url)
         set_status(url, headers, "start")
         page = httpx.get(f"{url}/experiments/{SLUG}").text
@@ -192,6 +193,38 @@ def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp
         assert linus[0][1] < min(first_losses) - 0.3, (linus[:3], first_losses)
         later = wait_for_checkpoint(url, after_epoch=resumed_from["epoch"])
         assert later["epoch"] > last["epoch"]
+        assert not outlived(seen)
+
+        # Rolled back, as after an attack: while joan trains, the organizer restores the first kept checkpoint. The
+        # server's checkpoint peer shares it as the swarm's state and saves it at once (the very same model: the same
+        # held-out loss); joan loads it and trains on from it, so the next checkpoint is near the restored one's loss,
+        # not the newer one's the swarm had reached.
+        before = [c for c in checkpoints(url) if c["eval_loss"] is not None]
+        target = next(c for c in before if c["downloadable"])
+        reached = before[-1]
+        assert target["eval_loss"] > reached["eval_loss"] + 0.3, before
+        joan = join(url, tmp_path, "joan", ["--max-steps", "150"])
+        deadline = time.monotonic() + 120
+        while not reports(tmp_path, "joan") and time.monotonic() < deadline:
+            time.sleep(1)
+        assert reports(tmp_path, "joan"), (tmp_path / "joan.out").read_text()[-3000:]
+        rolled = httpx.post(f"{url}/api/experiments/{SLUG}/rollback", headers=headers, json={"epoch": target["epoch"]})
+        assert rolled.status_code == 202, rolled.text
+        deadline = time.monotonic() + 90
+        while not (restored := [c for c in checkpoints(url) if c["restored_from"] == target["epoch"]]):
+            assert time.monotonic() < deadline, checkpoints(url)[-5:]
+            time.sleep(1)
+        assert restored[0]["eval_loss"] == pytest.approx(target["eval_loss"], abs=1e-4)
+        assert restored[0]["epoch"] > reached["epoch"]  # the step counter goes on
+        after = wait_for_checkpoint(url, after_epoch=restored[0]["epoch"])  # taken from joan's state
+        seen, outputs = wait_volunteers([joan], tmp_path)
+        assert joan[2].returncode == 0, outputs["joan"][-3000:]
+        assert any(epoch >= restored[0]["epoch"] for epoch, _ in reports(tmp_path, "joan")), outputs["joan"][-3000:]
+        assert abs(after["eval_loss"] - target["eval_loss"]) < abs(after["eval_loss"] - reached["eval_loss"]), (
+            target,
+            reached,
+            after,
+        )
         assert not outlived(seen)
         server_children = descendants(server_process)  # its bootstrap, checkpoint and p2pd processes
         assert len(server_children) >= 2
