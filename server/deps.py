@@ -54,8 +54,14 @@ def api_user(auth: Annotated[tuple[User, ApiToken], Depends(api_token)]) -> User
 
 
 def optional_api_user(request: Request, session: DB) -> User | None:
-    """Public reads accept an optional token (it reveals the caller's own drafts)."""
-    return accounts.user_for_token(session, _bearer(request))[0] if _bearer(request) else None
+    """Public reads accept an optional token, or else the signed-in browser's session cookie (the pages' own
+    fetches send it): either reveals what the caller may see (their drafts, an organizer's flags). Only reads use
+    this: every API route that changes something needs a token, so a cookie never authorizes a change (no
+    cross-site request forgery through the API), and no cross-origin page can read the answer (no CORS)."""
+    if _bearer(request):
+        return accounts.user_for_token(session, _bearer(request))[0]
+    web = accounts.session_for_cookie(session, request.cookies.get(SESSION_COOKIE))
+    return web.user if web is not None else None
 
 
 def web_session(request: Request, session: DB) -> WebSession | None:
