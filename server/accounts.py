@@ -71,9 +71,16 @@ def create_user(session: Session, username: str, password: str, *, is_admin: boo
     return user
 
 
-def set_password(session: Session, user: User, password: str) -> None:
+def set_password(session: Session, user: User, password: str) -> tuple[int, int]:
+    """A new password, as after a reset: whoever held the old one is out, so every browser session of ``user``
+    ends and every API token is revoked. Returns (sessions ended, tokens revoked)."""
     Signup(username=user.username, password=password)
     user.password_hash = security.hash_password(password)
+    ended = end_all_sessions(session, user)
+    tokens = user_tokens(session, user)
+    for token in tokens:
+        revoke_token(session, token)
+    return ended, len(tokens)
 
 
 def authenticate(session: Session, username: str, password: str) -> User:

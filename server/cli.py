@@ -20,6 +20,7 @@ from typing import Any
 import click
 import httpx
 from pydantic import ValidationError
+from sqlalchemy import func
 
 from swarmhub.worker import transport
 from swarmhub.worker.protocol import OptimizerName
@@ -74,14 +75,18 @@ def run_admin(username: str, password_stdin: bool) -> None:
         password = getpass.getpass("Password (empty keeps an existing user's): ")
     try:
         with make_sessionmaker(engine).begin() as session:
-            user = session.query(User).filter(User.username == username).one_or_none()
+            user = session.query(User).filter(func.lower(User.username) == username.strip().lower()).one_or_none()
             if user is None:
                 accounts.create_user(session, username, password, is_admin=True)
                 click.echo(f"Created administrator {username}.")
             else:
                 user.is_admin = True
                 if password:
-                    accounts.set_password(session, user, password)
+                    ended, revoked = accounts.set_password(session, user, password)
+                    click.echo(
+                        f"New password set for {username}: {ended} browser session(s) ended and {revoked} API "
+                        "token(s) revoked (log in again, and run `swarmhub login` on each worker)."
+                    )
                 click.echo(f"{username} is now an administrator.")
     except (AppError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    func,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -60,6 +61,8 @@ class Base(DeclarativeBase):
 
 class User(Base):
     __tablename__ = "users"
+    # unique whatever the case, in the database itself (migration 0016)
+    __table_args__ = (Index("uq_users_username_lower", func.lower(text("username")), unique=True),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     username: Mapped[str] = mapped_column(String(32), unique=True)
