@@ -7,7 +7,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import sessionmaker
 
 
@@ -42,6 +42,21 @@ def alembic_config(engine: Engine) -> Config:
     return cfg
 
 
+# pg_advisory_lock's key for migrations: any 64-bit number no other code of this database uses
+MIGRATION_LOCK = 0x5357_4152_4D48_5542  # "SWARMHUB"
+
+
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest revision (run at start-up)."""
-    command.upgrade(alembic_config(engine), "head")
+    """Bring the schema to the newest revision (run at start-up). On PostgreSQL several server processes
+    starting at once take turns (a session-level advisory lock): the first migrates, the others find it done."""
+    if engine.dialect.name != "postgresql":
+        command.upgrade(alembic_config(engine), "head")  # SQLite: one machine, and its own file lock
+        return
+    with engine.connect() as lock:
+        lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK})
+        lock.commit()
+        try:
+            command.upgrade(alembic_config(engine), "head")
+        finally:
+            lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})
+            lock.commit()
