@@ -74,7 +74,10 @@ def poll(session: Session, device_code: str) -> TokenResponse | str:
     too_fast = grant.last_polled_at is not None and now - grant.last_polled_at < timedelta(seconds=grant.interval - 1)
     grant.last_polled_at = now
     if grant.status == "pending":
-        return "slow_down" if too_fast else "authorization_pending"
+        if too_fast:
+            grant.interval += 5  # RFC 8628 section 3.5: for this and every later request of this client
+            return "slow_down"
+        return "authorization_pending"
     assert grant.user is not None
     value, _ = accounts.issue_token(session, grant.user, grant.client_name)
     grant.status = "consumed"  # a device code yields one token, once

@@ -26,6 +26,21 @@ def allow_next_poll(db):
         session.execute(update(DeviceAuthorization).values(last_polled_at=utcnow() - timedelta(seconds=30)))
 
 
+def test_slow_down_raises_the_polling_interval_by_five_seconds(client, db):
+    code = start(client)
+    assert poll(client, code).json() == {"error": "authorization_pending"}
+    assert poll(client, code).json() == {"error": "slow_down"}  # at once: the interval is now 10 s
+
+    def polled_ago(seconds: float) -> None:
+        with db.begin() as session:
+            session.execute(update(DeviceAuthorization).values(last_polled_at=utcnow() - timedelta(seconds=seconds)))
+
+    polled_ago(6)  # the first interval has passed, the raised one has not
+    assert poll(client, code).json() == {"error": "slow_down"}  # and now it is 15 s
+    polled_ago(16)
+    assert poll(client, code).json() == {"error": "authorization_pending"}
+
+
 def test_device_code_response(client):
     code = start(client)
     assert code["verification_uri"] == "http://testserver/device"
