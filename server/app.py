@@ -21,7 +21,17 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import body_limit, contributions, experiments, leases, observability, rollback, training_data, witnessed
+from . import (
+    body_limit,
+    contributions,
+    experiments,
+    leases,
+    observability,
+    proxies,
+    rollback,
+    training_data,
+    witnessed,
+)
 from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
@@ -237,6 +247,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.loop = None
     _install_error_handlers(app)
     app.add_middleware(body_limit.BodyLimit, settings=settings)  # inside the metrics: 413s are counted
+    app.add_middleware(proxies.TrustedProxies, networks=proxies.parse_networks(settings.trusted_proxies))
     observability.install(app, settings.metrics_token or None)
 
     web = Path(str(files("swarmhub.web")))

@@ -53,7 +53,11 @@ def run_server(host: str, port: int, database_url: str | None, log_level: str = 
 
     settings = load_settings(database_url=database_url)
     click.echo(f"swarmhub on http://{host}:{port} (database: {_redact(settings.database_url)})")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, ws_max_size=64 * 1024)
+    # X-Forwarded-For is read by the app only, from SWARMHUB_TRUSTED_PROXIES (server/proxies.py): uvicorn's own
+    # reading believes any connection from 127.0.0.1.
+    uvicorn.run(
+        create_app(settings), host=host, port=port, log_level=log_level, ws_max_size=64 * 1024, proxy_headers=False
+    )
 
 
 def _redact(url: str) -> str:

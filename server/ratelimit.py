@@ -42,6 +42,8 @@ LIMITS = {
     # Per account: each of a volunteer's peers asks once when it joins and once per token lifetime (up to an
     # hour), so this leaves room for a few dozen peers starting together, and each answer is an RSA signature.
     "swarm-token": (60, 600.0),
+    # Per account: each join asks once; each answer dials up to a few addresses back (to the caller only)
+    "reachability": (30, 600.0),
 }
 RETRY_SECONDS = 5.0  # how long a process counts alone after Redis failed to answer
 REDIS_TIMEOUT = 0.5  # seconds: a stalled Redis must not stall every log-in for long

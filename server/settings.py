@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     device_code_minutes: int = 10
     active_window_seconds: int = 30  # a worker that reported within this window counts as active
     live_interval_seconds: float = Field(default=0.25, gt=0, le=60)  # at most one dashboard push per interval
+    # Reverse proxies (addresses or networks, comma-separated) whose X-Forwarded-For is believed (server/proxies.py)
+    trusted_proxies: str = ""
     live_max_per_address: int = Field(default=32, ge=1)  # live dashboard sockets one client address holds (per process)
     live_max_per_experiment: int = Field(default=5000, ge=1)  # live sockets on one experiment's dashboard (per process)
     redis_url: str = ""  # redis://host:6379/0: live updates fan out and rate limits are shared across processes
@@ -44,6 +46,17 @@ class Settings(BaseSettings):
     quota_experiments_per_day: int = Field(default=10, ge=0)  # experiments one account creates in 24 hours
     quota_server_peers: int = Field(default=4, ge=0)  # auxiliary and checkpoint peers run for one account's experiments
     quota_corpus_mb: float = Field(default=2048.0, ge=0)  # training text (MiB) stored for one account's experiments
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: str) -> str:
+        from .proxies import parse_networks
+
+        try:
+            parse_networks(value)
+        except ValueError as exc:
+            raise ValueError(f"SWARMHUB_TRUSTED_PROXIES: {exc}") from None
+        return value
 
     @field_validator("swarm_host")
     @classmethod

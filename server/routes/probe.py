@@ -19,6 +19,7 @@ from swarmhub.worker.protocol import DialResult, ProbeInfo, ReachabilityRequest,
 
 from ..deps import CurrentUser
 from ..errors import TooLarge, documented
+from ..ratelimit import limited_per_account
 
 router = APIRouter(prefix="/api/probe", tags=["probe"], responses=documented(401, 413, 429))
 
@@ -85,7 +86,7 @@ def _dial(host: str, port: int) -> str | None:
         return exc.strerror or type(exc).__name__
 
 
-@router.post("/reachability", response_model=ReachabilityResult)
+@router.post("/reachability", response_model=ReachabilityResult, dependencies=[limited_per_account("reachability")])
 async def reachability(body: ReachabilityRequest, request: Request, user: CurrentUser) -> ReachabilityResult:
     """Dial each announced address back: can other peers open a connection to this worker?"""
     client_host = _client_host(request)
