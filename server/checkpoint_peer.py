@@ -161,6 +161,8 @@ class Keeper:
         self.saved_epoch = opt.local_epoch
 
     def check(self, opt: Any, task: Any, model: Any) -> None:
+        if hasattr(opt, "refresh_swarm_progress"):  # this peer trains nothing: hivemind reads the swarm seldom
+            opt.refresh_swarm_progress(timeout=5.0, force=True)
         if opt.tracker.global_epoch > opt.local_epoch:
             opt.load_state_from_peers()
         if opt.local_epoch > self.saved_epoch:

@@ -89,7 +89,7 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
         self._reread_at = time.monotonic()
         self.refresh_swarm_progress(timeout=REREAD_AFTER_FAILED_CATCH_UP_SECONDS)
 
-    def refresh_swarm_progress(self, timeout: float = 10.0) -> None:
+    def refresh_swarm_progress(self, timeout: float = 10.0, force: bool = False) -> None:
         """Have hivemind's progress tracker read the swarm's progress now, when its epoch is not this peer's.
 
         After loading the swarm's state, the tracker's idea of the swarm's epoch can be older than the state just
@@ -97,7 +97,7 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
         alone for up to its next scheduled read (tens of seconds) and its work never reaches an averaging round.
         """
         tracker = self.tracker
-        if tracker.global_epoch == self.local_epoch:
+        if tracker.global_epoch == self.local_epoch and not force:
             return
         tracker.fetched_global_progress_this_epoch.clear()
         tracker.global_progress.next_fetch_time = 0.0

@@ -183,7 +183,7 @@ def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp
         set_status(url, headers, "pause")
         set_status(url, headers, "start")
         first_losses = [loss for _, loss in reports(tmp_path, "ada")[:2]]
-        late = join(url, tmp_path, "linus", ["--max-steps", "30"])
+        late = join(url, tmp_path, "linus", ["--max-steps", "60"])  # online for a few of the server's pulls
         seen, outputs = wait_volunteers([late], tmp_path)
         assert late[2].returncode == 0, outputs["linus"][-3000:]
         linus = reports(tmp_path, "linus")
