@@ -51,8 +51,8 @@ test-fast: setup
 
 # mypy cannot follow setuptools' package-dir mapping: it checks a tree of links laid out as installed.
 check: setup
-	$(BIN)/ruff check swarmhub server worker tests migrations
-	$(BIN)/ruff format --check swarmhub server worker tests migrations
+	$(BIN)/ruff check swarmhub server worker tests migrations bench
+	$(BIN)/ruff format --check swarmhub server worker tests migrations bench
 	rm -rf build/typecheck && mkdir -p build/typecheck/swarmhub
 	cp swarmhub/__init__.py build/typecheck/swarmhub/
 	for d in server worker web migrations; do ln -s "$(CURDIR)/$$d" build/typecheck/swarmhub/$$d; done

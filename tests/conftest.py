@@ -17,7 +17,7 @@ import sqlalchemy as sa
 import uvicorn
 from fastapi.testclient import TestClient
 
-from swarmhub.server import accounts, experiments
+from swarmhub.server import accounts, corpus, experiments
 from swarmhub.server.app import create_app
 from swarmhub.server.db import make_engine, migrate
 from swarmhub.server.models import Base, Experiment, User
@@ -27,6 +27,7 @@ POSTGRES_URL = os.environ.get(
     "SWARMHUB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/swarmhub_test"
 )
 PASSWORD = "correct-horse-battery"
+DOCSTRING_BYTES = 150_000  # of the standard library's docstrings: real text, bounded for speed
 
 
 def _prepare_postgres(url: str) -> str:
@@ -171,3 +172,41 @@ class LiveServer:
 def live_server(app: Any) -> Iterator[LiveServer]:
     with LiveServer(app) as server:
         yield server
+
+
+@pytest.fixture
+def swarm_peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The server's bootstrap/monitor peer for a new run (``swarm_processes.running_swarm_peer``)."""
+    from .swarm_processes import running_swarm_peer
+
+    with running_swarm_peer(tmp_path_factory.mktemp("peer")) as swarm:
+        yield swarm
+
+
+@pytest.fixture(scope="module")
+def docstrings() -> bytes:
+    """Real text none of us wrote: the standard library's docstrings (bounded, for speed)."""
+    return corpus.builtin_text("python-docstrings", max_bytes=DOCSTRING_BYTES).encode()
+
+
+@pytest.fixture
+def empty_database(database_url: str, tmp_path: Path) -> Iterator[sa.Engine]:
+    """An engine on an empty database of the same kind, for driving migrations revision by revision: a new
+    SQLite file, or a schema of its own in the test database on PostgreSQL (the suite's tables stay as they are)."""
+    if database_url.startswith("sqlite"):
+        engine = make_engine(f"sqlite:///{tmp_path / 'migrations.db'}")
+        yield engine
+        engine.dispose()
+        return
+    admin = make_engine(database_url)
+    with admin.begin() as conn:
+        conn.execute(sa.text("DROP SCHEMA IF EXISTS migration_steps CASCADE"))
+        conn.execute(sa.text("CREATE SCHEMA migration_steps"))
+    engine = sa.create_engine(database_url, connect_args={"options": "-c search_path=migration_steps"})
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+        with admin.begin() as conn:
+            conn.execute(sa.text("DROP SCHEMA migration_steps CASCADE"))
+        admin.dispose()

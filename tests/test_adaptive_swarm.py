@@ -17,15 +17,7 @@ import pytest
 
 from swarmhub.worker.protocol import Overlap
 
-from .test_training_swarm import (  # noqa: F401 - swarm_peer is a fixture
-    LineReader,
-    Swarm,
-    kill_all,
-    make_join,
-    swarm_peer,
-    tagged_env,
-    wait_gone,
-)
+from .swarm_processes import LineReader, Swarm, kill_all, make_join, tagged_env, wait_gone
 
 pytestmark = pytest.mark.swarm
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from .conftest import PASSWORD, csrf_from, make_user
-from .e2e.test_swarm_e2e import running_server, signup
-from .test_training_data import SMALL, docstrings  # noqa: F401 - a fixture
+from .processes import running_server, signup
+from .support import SMALL
 
 HUGE = 200 * 2**20
 CHUNK = 2**16
@@ -117,7 +117,7 @@ def test_a_huge_body_is_refused_before_it_is_read(hub, route, expected, with_len
     assert memory_mb(hub.pid, "VmHWM") - idle < 50
 
 
-def test_a_normal_login_and_upload_still_work(hub, docstrings):  # noqa: F811 - the fixture
+def test_a_normal_login_and_upload_still_work(hub, docstrings):
     login = httpx.post(f"{hub.url}/api/auth/token", json={"username": "olga", "password": PASSWORD})
     assert login.status_code == 200 and login.json()["username"] == "olga"
     files = {"file": ("docs.txt", docstrings, "text/plain")}

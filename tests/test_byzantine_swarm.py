@@ -21,14 +21,7 @@ import pytest
 from swarmhub.worker import robust, swarm_access
 from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
 
-from .test_training_swarm import (  # noqa: F401 - swarm_peer is a fixture
-    LineReader,
-    Swarm,
-    kill_all,
-    swarm_peer,
-    tagged_env,
-    wait_gone,
-)
+from .swarm_processes import LineReader, Swarm, kill_all, tagged_env, wait_gone
 
 pytestmark = pytest.mark.swarm
 

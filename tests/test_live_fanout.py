@@ -12,7 +12,7 @@ import websockets
 from swarmhub.server.app import create_app
 
 from .conftest import LiveServer, api_token, make_experiment, make_user
-from .test_report_ws import report, worker_run
+from .support import report, worker_run
 
 
 async def next_update(url: str, trigger, timeout: float) -> dict | None:

@@ -11,7 +11,7 @@ import websockets
 from swarmhub.server.app import create_app
 
 from .conftest import LiveServer, api_token, make_experiment, make_user
-from .test_report_ws import report, worker_run
+from .support import report, worker_run
 
 INTERVAL = 5.0  # long, so that "at once" and "an interval later" cannot be confused
 

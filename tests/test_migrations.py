@@ -3,11 +3,8 @@ migration that fills a new column from existing rows fills it as the code would 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -24,29 +21,6 @@ def test_migrations_match_models(database_url):
         diff = compare_metadata(context, Base.metadata)
     engine.dispose()
     assert diff == []
-
-
-@pytest.fixture
-def empty_database(database_url: str, tmp_path: Path) -> Iterator[sa.Engine]:
-    """An engine on an empty database of the same kind, for driving migrations revision by revision: a new
-    SQLite file, or a schema of its own in the test database on PostgreSQL (the suite's tables stay as they are)."""
-    if database_url.startswith("sqlite"):
-        engine = make_engine(f"sqlite:///{tmp_path / 'migrations.db'}")
-        yield engine
-        engine.dispose()
-        return
-    admin = make_engine(database_url)
-    with admin.begin() as conn:
-        conn.execute(sa.text("DROP SCHEMA IF EXISTS migration_steps CASCADE"))
-        conn.execute(sa.text("CREATE SCHEMA migration_steps"))
-    engine = sa.create_engine(database_url, connect_args={"options": "-c search_path=migration_steps"})
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-        with admin.begin() as conn:
-            conn.execute(sa.text("DROP SCHEMA migration_steps CASCADE"))
-        admin.dispose()
 
 
 def test_0011_backfills_each_runs_newest_report_arrival_and_downgrades(empty_database):

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from swarmhub.server.app import create_app
 
 from .conftest import api_token, make_experiment, make_user
-from .test_report_ws import report, url, worker_run
+from .support import report, url, worker_run
 
 
 def samples(client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -9,24 +9,7 @@ from sqlalchemy import func, select
 from swarmhub.server.models import Experiment, User, WebSession
 
 from .conftest import PASSWORD, csrf_from, login, make_experiment, make_user
-
-FORM = {
-    "title": "Digits together",
-    "slug": "digits-together",
-    "description": "A first swarm",
-    "task": "digits",
-    "param.digits.hidden_size": "48",
-    "param.digits.batch_size": "16",
-    "optimizer": "adam",
-    "learning_rate": "0.002",
-    "target_batch_size": "128",
-    "matchmaking_time": "2",
-    "averaging_timeout": "30",
-}
-
-
-def inline_errors(html: str) -> dict[str, str]:
-    return dict(re.findall(r'class="error" id="error-([^"]+)" role="alert">([^<]+)<', html))
+from .support import FORM, inline_errors
 
 
 def test_signup_logs_in_and_first_user_is_admin(client):

@@ -23,7 +23,6 @@ from swarmhub.server.ratelimit import LIMITS
 from swarmhub.worker.swarm_tokens import peer_id_for_public_key
 
 from .conftest import api_token, csrf_from, login, make_experiment, make_user
-from .test_migrations import empty_database  # noqa: F401 - a fixture
 
 SLUG = "digits-run"
 KEYS = [RSAPrivateKey().get_public_key().to_bytes().decode() for _ in range(6)]  # 2048-bit, as workers make

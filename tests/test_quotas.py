@@ -15,8 +15,7 @@ from sqlalchemy import func, select
 from swarmhub.server.models import Corpus, Experiment
 
 from .conftest import api_token, login, make_experiment, make_user
-from .test_pages import FORM, inline_errors
-from .test_training_data import SMALL, corpora_on_disk, docstrings  # noqa: F401 - a fixture
+from .support import FORM, SMALL, corpora_on_disk, inline_errors
 
 DIGITS = {"title": "Digits", "task": "digits", "task_params": {"hidden_size": 32}}
 
@@ -153,7 +152,7 @@ def test_starts_at_once_get_exactly_the_limit(live_server, client, db, vera):
     assert sorted(statuses(db).values()) == ["draft"] * 7 + ["running"] * 2
 
 
-def test_training_text_per_account(client, db, settings, vera, docstrings):  # noqa: F811 - the fixture
+def test_training_text_per_account(client, db, settings, vera, docstrings):
     settings.quota_corpus_mb = 1.5 * len(docstrings) / 2**20  # room for one text, not two
     albert = {"task": "albert-mlm", "task_params": {"size": "tiny"}}
     create(client, vera, "text-1", **albert)

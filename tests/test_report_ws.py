@@ -13,31 +13,11 @@ from sqlalchemy import delete, func, select
 from starlette.testclient import WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
-from swarmhub.server import experiments
 from swarmhub.server.models import ExperimentTotal, MetricPoint, WorkerRun
 from swarmhub.server.routes.ws import MAX_BURST, MAX_IN_FLIGHT, MAX_MESSAGES_PER_SECOND
-from swarmhub.worker.protocol import MetricReport
 
 from .conftest import api_token, make_experiment, make_user
-
-
-def worker_run(db, user, slug):
-    with db.begin() as session:
-        experiment = experiments.get_visible(session, slug, session.merge(user))
-        return experiments.start_worker_run(session, experiment, session.merge(user), "cpu").id
-
-
-def report(seq, samples=32, loss=2.0):
-    return MetricReport(
-        seq=seq,
-        step=seq,
-        epoch=seq // 4,
-        samples=samples,
-        loss=loss,
-        samples_per_second=100.0,
-        peers=2,
-        averaged_peers=2,
-    ).model_dump_json()
+from .support import report, url, worker_run
 
 
 @pytest.fixture
@@ -49,10 +29,6 @@ def swarm(client, db):
         "alice": (api_token(client), worker_run(db, alice, "live")),
         "bob": (api_token(client, "bob"), worker_run(db, bob, "live")),
     }
-
-
-def url(worker_id):
-    return f"/ws/experiments/live/report?worker_id={worker_id}"
 
 
 def stored(db):

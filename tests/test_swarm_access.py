@@ -14,14 +14,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from swarmhub.worker import swarm_access
 
-from .test_training_swarm import (  # noqa: F401 - swarm_peer is a fixture
-    LineReader,
-    kill_all,
-    make_join,
-    swarm_peer,
-    tagged_env,
-    wait_gone,
-)
+from .swarm_processes import LineReader, kill_all, make_join, tagged_env, wait_gone
 
 RUN = "swarmhub-demo-1"
 

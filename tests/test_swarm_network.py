@@ -25,7 +25,7 @@ from swarmhub.server.swarm import SwarmHost
 from swarmhub.worker import swarm_access
 
 from .conftest import api_token, free_port, make_experiment, make_user
-from .test_training_swarm import TAG, kill_all, wait_gone
+from .swarm_processes import TAG, kill_all, wait_gone
 
 PUBLIC_HOST = "203.0.113.7"  # TEST-NET-3: never dialled here, only announced
 

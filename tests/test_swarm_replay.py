@@ -17,14 +17,7 @@ import uuid
 
 import pytest
 
-from .test_training_swarm import (  # noqa: F401 - swarm_peer is a fixture
-    kill_all,
-    make_join,
-    swarm_peer,
-    tagged_env,
-    tagged_processes,
-    wait_gone,
-)
+from .swarm_processes import kill_all, make_join, tagged_env, tagged_processes, wait_gone
 
 # Signs one rpc_ping as the honest peer would (its identity key and token), then sends those exact bytes:
 # first as the honest peer, again as the honest peer, again from a fresh libp2p identity, and finally a

@@ -8,26 +8,19 @@ import hashlib
 import io
 import json
 import zipfile
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from swarmhub.server import corpus, training_data
+from swarmhub.server import training_data
 from swarmhub.server.models import Corpus, Experiment
 from swarmhub.server.snapshots import dashboard_snapshot
 
-from .conftest import api_token, csrf_from, login, make_experiment, make_user
+from .conftest import DOCSTRING_BYTES, api_token, csrf_from, login, make_experiment, make_user
+from .support import SMALL, corpora_on_disk
 
-TEXT_BYTES = 150_000
-SMALL = {"vocab_size": "400", "seq_length": "32"}
-
-
-@pytest.fixture(scope="module")
-def docstrings() -> bytes:
-    """Real text none of us wrote: the standard library's docstrings (bounded, for speed)."""
-    return corpus.builtin_text("python-docstrings", max_bytes=TEXT_BYTES).encode()
+TEXT_BYTES = DOCSTRING_BYTES  # what the docstrings fixture holds
 
 
 def albert(db, owner, slug="albert-run", status="draft"):
@@ -38,11 +31,6 @@ def stored(db, slug: str) -> Corpus | None:
     with db() as session:
         experiment = session.scalar(select(Experiment).where(Experiment.slug == slug))
         return session.get(Corpus, experiment.id)
-
-
-def corpora_on_disk(settings) -> list[Path]:
-    folder = settings.data_dir / "corpora"
-    return sorted(folder.iterdir()) if folder.exists() else []
 
 
 def put_text(client: TestClient, headers, data: bytes, name: str = "text.txt", slug="albert-run", **form):

@@ -9,7 +9,7 @@ import socket
 import httpx
 
 from .conftest import free_port
-from .e2e.test_swarm_e2e import running_server, signup
+from .processes import running_server, signup
 
 
 def failed_logins(url: str, forwarded: list[str]) -> list[int]:

@@ -16,7 +16,6 @@ from swarmhub.server import contributions, experiments, metrics, witnessed
 from swarmhub.server.models import utcnow
 
 from .conftest import api_token, make_experiment, make_user
-from .test_training_swarm import swarm_peer  # noqa: F401 - a fixture
 
 # A peer admitted as USERNAME that publishes one progress record signed by its own key. ``claim`` puts another
 # peer's ID in the record's body, as a cheat would; ``roster`` false leaves its token off the roster.
@@ -55,7 +54,7 @@ dht.shutdown()
 
 
 @pytest.mark.swarm
-def test_monitor_credits_signed_records_to_the_token_holder(swarm_peer):  # noqa: F811
+def test_monitor_credits_signed_records_to_the_token_holder(swarm_peer):
     run = [swarm_peer.maddrs, swarm_peer.run_id, swarm_peer.key_text]
     specs = {
         "ada": ["ada", 3, 50, None, True],

@@ -18,7 +18,6 @@ from swarmhub.server.models import Experiment
 from swarmhub.server.settings import Settings
 
 from ..conftest import PASSWORD, LiveServer
-from .test_dashboard import page  # noqa: F401 - the Chromium page fixture
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -37,7 +36,7 @@ def server(tmp_path: Path):
         yield live, app
 
 
-def test_organizer_gives_albert_its_text_and_sees_checkpoints(server, page, tmp_path):  # noqa: F811
+def test_organizer_gives_albert_its_text_and_sees_checkpoints(server, page, tmp_path):
     dialogs: list[str] = []
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
     live, app = server

@@ -11,26 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from swarmhub.server.app import create_app
 from swarmhub.server.settings import Settings
 
 from ..conftest import PASSWORD, LiveServer
+from .conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
-CHROMIUM = os.environ.get("SWARMHUB_CHROMIUM", "/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-component-update",
-    "--disable-sync",
-]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 @pytest.fixture
@@ -43,17 +32,6 @@ def server(tmp_path: Path):
     )
     with LiveServer(create_app(settings)) as live:
         yield live
-
-
-@pytest.fixture
-def page():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Chromium not found at {CHROMIUM}: run `make setup-browser`")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        context = browser.new_context(viewport={"width": 1200, "height": 1400})
-        yield context.new_page()
-        browser.close()
 
 
 def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path):

@@ -16,7 +16,6 @@ from swarmhub.server.settings import Settings
 from swarmhub.worker.protocol import MetricReport
 
 from ..conftest import PASSWORD, LiveServer
-from .test_dashboard import page  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
@@ -57,7 +56,7 @@ def server_token(url: str, username: str) -> str:
     return response.json()["access_token"]
 
 
-def test_the_organizer_sees_an_implausible_claim_and_a_visitor_does_not(claimed, page):  # noqa: F811
+def test_the_organizer_sees_an_implausible_claim_and_a_visitor_does_not(claimed, page):
     base = claimed.url
     page.goto(f"{base}/experiments/open")  # a visitor
     expect(page.locator("#leaderboard tbody")).to_contain_text("mallory", timeout=30_000)

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from swarmhub.server import corpus
 
-from .test_swarm_e2e import SWARMHUB, descendants, outlived, running_server, signup, wait_volunteers
+from ..processes import SWARMHUB, descendants, outlived, running_server, signup, wait_volunteers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 SLUG = "e2e-albert"

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from ..conftest import free_port
-from .test_swarm_e2e import descendants, outlived
+from ..processes import descendants, outlived
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli"]

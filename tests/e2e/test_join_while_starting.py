@@ -15,7 +15,7 @@ import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
 from ..conftest import PASSWORD, csrf_from
-from .test_swarm_e2e import running_server, signup
+from ..processes import running_server, signup
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 SLUG = "busy-start"

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from ..conftest import PASSWORD
-from .test_swarm_e2e import SWARMHUB, outlived, running_server, signup, wait_volunteers
+from ..processes import SWARMHUB, outlived, running_server, signup, wait_volunteers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 SLUG = "open-digits"

@@ -1,0 +1,36 @@
+"""Real Chromium for the browser tests: Debian's, driven by Playwright (Playwright's own browser download is not
+used). ``SWARMHUB_CHROMIUM`` names another binary."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+CHROMIUM = os.environ.get("SWARMHUB_CHROMIUM", "/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+@pytest.fixture
+def page() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: run `make setup-browser`")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        context = browser.new_context(viewport={"width": 1200, "height": 1400})
+        yield context.new_page()
+        browser.close()

@@ -1,0 +1,111 @@
+"""Real processes for the end-to-end tests: a `swarmhub server` of its own, volunteers signed up through the real
+routes, and the `swarmhub` processes they start (waited for, and checked to leave nothing running)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from .conftest import PASSWORD, csrf_from, free_port
+
+SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli"]
+
+
+def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "server exited during start-up"
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError("server did not become healthy")
+
+
+def signup(url: str, username: str) -> str:
+    """Sign up through the page, then get an API token through the API."""
+    with httpx.Client(base_url=url) as browser:
+        token = csrf_from(browser.get("/signup").text)
+        response = browser.post("/signup", data={"username": username, "password": PASSWORD, "csrf_token": token})
+        assert response.status_code in (200, 303)
+    response = httpx.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD})
+    return response.json()["access_token"]
+
+
+def descendants(process: subprocess.Popen) -> set[int]:
+    try:
+        return {child.pid for child in psutil.Process(process.pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def alive(pids: set[int]) -> set[int]:
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return {pid for pid in pids if running(pid)}
+
+
+def outlived(pids: set[int], grace: float = 10.0) -> set[int]:
+    """The processes still running after a short grace period (helpers such as torch_shm_manager take a
+    moment to notice that their parent is gone)."""
+    deadline = time.monotonic() + grace
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(pids)
+
+
+@contextlib.contextmanager
+def running_server(tmp_path: Path, **settings: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`swarmhub server` in its own process, with SWARMHUB_* settings from keyword arguments."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "SWARMHUB_DATA_DIR": str(tmp_path / "data"),
+        "SWARMHUB_DATABASE_URL": f"sqlite:///{tmp_path / 'e2e.db'}",
+        **{f"SWARMHUB_{key.upper()}": value for key, value in settings.items()},
+    }
+    log = open(tmp_path / "server.log", "wb")
+    process = subprocess.Popen(
+        [*SWARMHUB, "server", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_healthy(url, process)
+        yield url, process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+        log.close()
+
+
+def wait_volunteers(workers: list[tuple[str, Any, subprocess.Popen]], tmp: Path) -> tuple[set[int], dict[str, str]]:
+    """Wait for every worker to end; returns the PIDs of every process they started, and their output."""
+    seen_children: set[int] = set()
+    deadline = time.monotonic() + 300
+    for _, _, process in workers:
+        while process.poll() is None and time.monotonic() < deadline:
+            seen_children |= descendants(process)
+            time.sleep(0.5)
+    outputs = {}
+    for name, out, _ in workers:
+        out.close()
+        outputs[name] = (tmp / f"{name}.out").read_text(errors="replace")
+        assert "Traceback" not in outputs[name]
+    return seen_children, outputs

@@ -1,0 +1,60 @@
+"""Small helpers several test modules share (fixtures are in conftest.py): metric reports and worker runs,
+the experiment form, and corpora on disk."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from swarmhub.server import experiments
+from swarmhub.worker.protocol import MetricReport
+
+
+def worker_run(db, user, slug):
+    with db.begin() as session:
+        experiment = experiments.get_visible(session, slug, session.merge(user))
+        return experiments.start_worker_run(session, experiment, session.merge(user), "cpu").id
+
+
+def report(seq, samples=32, loss=2.0):
+    return MetricReport(
+        seq=seq,
+        step=seq,
+        epoch=seq // 4,
+        samples=samples,
+        loss=loss,
+        samples_per_second=100.0,
+        peers=2,
+        averaged_peers=2,
+    ).model_dump_json()
+
+
+def url(worker_id):
+    return f"/ws/experiments/live/report?worker_id={worker_id}"
+
+
+FORM = {
+    "title": "Digits together",
+    "slug": "digits-together",
+    "description": "A first swarm",
+    "task": "digits",
+    "param.digits.hidden_size": "48",
+    "param.digits.batch_size": "16",
+    "optimizer": "adam",
+    "learning_rate": "0.002",
+    "target_batch_size": "128",
+    "matchmaking_time": "2",
+    "averaging_timeout": "30",
+}
+
+
+def inline_errors(html: str) -> dict[str, str]:
+    return dict(re.findall(r'class="error" id="error-([^"]+)" role="alert">([^<]+)<', html))
+
+
+SMALL = {"vocab_size": "400", "seq_length": "32"}
+
+
+def corpora_on_disk(settings) -> list[Path]:
+    folder = settings.data_dir / "corpora"
+    return sorted(folder.iterdir()) if folder.exists() else []
