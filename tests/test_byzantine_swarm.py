@@ -190,14 +190,17 @@ def test_non_finite_gradients_are_dropped_and_their_sender_flagged(swarm_peer, t
         peers.start("mallory", attack="nan", minutes=1.0)
         for name in ("ada", "bob", "mallory"):
             peers.joined(name)
-        peers.wait_for("ada", lambda e: e.get("averaged", 0) == 3, 120)
         summaries = {name: peers.summary(name) for name in ("ada", "bob")}
     finally:
         peers.stop()
+    # Her NaN parts reached an honest reducer, which dropped them and flagged her. (Once flagged, her records no
+    # longer set the honest peers' pace, so which honest peer met her in a round varies from run to run.)
+    mallory = peers.peer_ids["mallory"]
+    flagged = [n for n, s in summaries.items() if s["flags"].get(mallory, {}).get("non-finite gradients", 0) >= 1]
+    assert flagged, summaries
     for name, summary in summaries.items():
         assert summary["last_loss"] == summary["last_loss"], (name, summary)  # not NaN
         assert summary["last_loss"] < 0.7 * summary["first_loss"], (name, summary)
-        assert summary["flags"].get(peers.peer_ids["mallory"], {}).get("non-finite gradients", 0) >= 1, summary
         for honest in ("ada", "bob"):  # no evidence against an honest peer (a lagging epoch is only noted locally)
             assert set(summary["flags"].get(peers.peer_ids[honest], {})) <= robust.LOCAL_REASONS, (name, summary)
 
