@@ -152,7 +152,7 @@ class Experiment(Base):
     # The kept checkpoint (its step) the organizer restored as the swarm's state, and how many restores were asked
     # for: the checkpoint peer acts on each new one once (``rollback.py``)
     restore_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    restore_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"), default=0)
+    restore_seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     # The experiment's swarm token signing key (base64 DER). It never leaves the server.
     signing_key: Mapped[str] = mapped_column(Text)
     join_policy: Mapped[str] = mapped_column(String(16), default="open")  # open / invite / allowlist
