@@ -16,7 +16,7 @@ nothing, and every ``interval_seconds``:
 At start it loads the newest checkpoint on disk, so a swarm that emptied (or a server that restarted) goes on
 from there: this peer shares that state, and the next volunteer to join loads it from this peer instead of
 starting from scratch. When the organizer rolls the swarm back (``server/rollback.py``), the server writes the
-request into ``restore_file``; this peer loads that checkpoint and shares it two epochs past the swarm's, so that
+request into ``restore_file``; this peer loads that checkpoint and shares it ten epochs past the swarm's, so that
 every peer loads it, and saves it at once (``{"event": "checkpoint", ..., "restored_from": E}``). It leaves the
 swarm cleanly on SIGTERM, SIGINT, or when its stdin closes.
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -39,6 +40,13 @@ from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("swarmhub.checkpoint_peer")
+# A rolled-back state is shared this many epochs past the newest the swarm shows: a volunteer training on its own
+# moves an epoch every few seconds, and must still find itself behind when it next reads the swarm's progress.
+ROLLBACK_EPOCH_MARGIN = 10
+# hivemind publishes no progress record for a peer that accumulates no samples (this one): after a rollback this
+# peer stores its own, at its epoch, every ANNOUNCE_EVERY seconds for ANNOUNCE_SECONDS, so that every peer reads it
+ANNOUNCE_SECONDS = 120.0
+ANNOUNCE_EVERY = 5.0
 
 
 def _emit(event: dict[str, Any]) -> None:
@@ -72,6 +80,9 @@ class Keeper:
         self.saved_epoch = -1
         self.restore_file = restore_file
         self.restored_seq = self._handled_restores()
+        self._announce_until = 0.0
+        self._announce_started = 0.0
+        self._announced_at = -math.inf
 
     def __call__(self, opt: Any, task: Any, model: Any, should_stop: Callable[[], Any]) -> None:
         self.resume(opt, model)
@@ -80,6 +91,7 @@ class Keeper:
         while should_stop() is None:
             try:
                 self.maybe_restore(opt, task, model)
+                self.announce(opt)
             except Exception:  # a failed restore leaves the swarm's state as it was; the organizer may ask again
                 logger.exception("the rollback failed")
             if time.monotonic() >= next_check:
@@ -126,17 +138,54 @@ class Keeper:
             os.replace(tmp, self.folder / "restored.json")
 
     def restore(self, opt: Any, task: Any, model: Any, folder: Path, epoch: int) -> None:
-        """Share the checkpoint in ``folder`` as the swarm's state, two epochs past the newest this peer has seen:
-        every peer is then at least two epochs behind a server peer and loads the state from it."""
-        target = max(int(opt.local_epoch), int(opt.tracker.global_epoch)) + 2
+        """Share the checkpoint in ``folder`` as the swarm's state, ROLLBACK_EPOCH_MARGIN epochs past the newest the
+        swarm shows now: every peer then finds itself well behind a server peer and loads the state from it."""
+        if hasattr(opt, "refresh_swarm_progress"):
+            opt.refresh_swarm_progress(timeout=5.0, force=True)
+        target = max(int(opt.local_epoch), int(opt.tracker.global_epoch)) + ROLLBACK_EPOCH_MARGIN
         self._load(opt, model, folder)
         averager = opt.state_averager
         averager.local_epoch = target
         averager._update_scheduler()  # the schedule goes on at the swarm's step count
         averager.state_sharing_priority = target
         opt.tracker.report_local_progress(target, 0)
+        self._announce_until = time.monotonic() + ANNOUNCE_SECONDS
+        self._announce_started = time.monotonic()
+        self._announced_at = -math.inf
+        self.announce(opt)
         logger.warning("rolled the swarm back to the checkpoint of step %d, shared as step %d", epoch, target)
         self.save(opt, task, model, restored_from=epoch)
+
+    def announce(self, opt: Any) -> None:
+        """After a rollback: store this peer's progress record (its epoch, no samples) in the swarm's progress key,
+        until a volunteer trains at its epoch or later (it loaded the state). Volunteers see this record as a peer
+        to average with, which it is not: stopping early keeps them from waiting for a group that never forms."""
+        now = time.monotonic()
+        if now >= self._announce_until or now - self._announced_at < ANNOUNCE_EVERY:
+            return
+        swarm = opt.tracker.global_progress
+        if swarm.epoch >= opt.local_epoch and swarm.samples_accumulated > 0 and now - self._announce_started > 5.0:
+            self._announce_until = 0.0  # caught up
+            return
+        from hivemind.optim.progress_tracker import LocalTrainingProgress
+        from hivemind.utils.timed_storage import get_dht_time
+
+        tracker = opt.tracker
+        record = LocalTrainingProgress(
+            peer_id=opt.dht.peer_id.to_bytes(),
+            epoch=int(opt.local_epoch),
+            samples_accumulated=0,
+            samples_per_second=0.0,
+            time=get_dht_time(),
+            client_mode=False,
+        )
+        if opt.dht.store(
+            tracker.training_progress_key,
+            subkey=tracker._local_public_key,
+            value=record.dict(),
+            expiration_time=get_dht_time() + tracker.metadata_expiration,
+        ):
+            self._announced_at = now
 
     def _load(self, opt: Any, model: Any, folder: Path) -> None:
         """Make the checkpoint in ``folder`` this peer's state (weights, optimizer statistics, step)."""

@@ -137,7 +137,7 @@ def bounded_progress(
             continue
         peer = owner_peer_id(subkey) or "?"
         # The server's peers are followed wherever they are: the hub vouches for them, and its checkpoint peer
-        # shares a rolled-back state two epochs past the swarm's (``server/rollback.py``).
+        # shares a rolled-back state ten epochs past the swarm's (``server/rollback.py``).
         if name not in (own_username, swarm_access.SERVER_PEER_USERNAME) and bound is not None:
             unvouched = (
                 partners is not None
