@@ -167,24 +167,9 @@ class Keeper:
         if swarm.epoch >= opt.local_epoch and swarm.samples_accumulated > 0 and now - self._announce_started > 5.0:
             self._announce_until = 0.0  # caught up
             return
-        from hivemind.optim.progress_tracker import LocalTrainingProgress
-        from hivemind.utils.timed_storage import get_dht_time
+        from swarmhub.worker.swarm_epoch import store_presence
 
-        tracker = opt.tracker
-        record = LocalTrainingProgress(
-            peer_id=opt.dht.peer_id.to_bytes(),
-            epoch=int(opt.local_epoch),
-            samples_accumulated=0,
-            samples_per_second=0.0,
-            time=get_dht_time(),
-            client_mode=False,
-        )
-        if opt.dht.store(
-            tracker.training_progress_key,
-            subkey=tracker._local_public_key,
-            value=record.dict(),
-            expiration_time=get_dht_time() + tracker.metadata_expiration,
-        ):
+        if store_presence(opt.dht, opt.tracker, opt.local_epoch):
             self._announced_at = now
 
     def _load(self, opt: Any, model: Any, folder: Path) -> None:

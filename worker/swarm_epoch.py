@@ -153,6 +153,31 @@ def bounded_progress(
     return kept, bound, ahead
 
 
+def store_presence(dht: Any, tracker: Any, epoch: int) -> bool:
+    """Store a progress record of this peer at ``epoch`` with no samples, as a trainer's. hivemind publishes none
+    for a peer that accumulates no samples (the server's witness and checkpoint peer), so without it the others
+    would not see the peer, nor its epoch. Expires after hivemind's metadata expiration; True when stored."""
+    from hivemind.optim.progress_tracker import LocalTrainingProgress
+    from hivemind.utils.timed_storage import get_dht_time
+
+    record = LocalTrainingProgress(
+        peer_id=dht.peer_id.to_bytes(),
+        epoch=int(epoch),
+        samples_accumulated=0,
+        samples_per_second=0.0,
+        time=get_dht_time(),
+        client_mode=False,
+    )
+    return bool(
+        dht.store(
+            tracker.training_progress_key,
+            subkey=tracker._local_public_key,
+            value=record.dict(),
+            expiration_time=get_dht_time() + tracker.metadata_expiration,
+        )
+    )
+
+
 def make_tracker_class() -> type:
     from hivemind.optim.progress_tracker import ProgressTracker
 

@@ -74,25 +74,11 @@ class Witness:
         Its epoch is the lower median of the volunteers' votes (:meth:`swarm_epoch`), not this peer's tracker's
         (the largest any record states): the server's peers are a vote every volunteer counts, and restating a
         forger's record one epoch ahead would lend it that vote, epoch after epoch."""
-        from hivemind.optim.progress_tracker import LocalTrainingProgress
-        from hivemind.utils.timed_storage import get_dht_time
+        from .swarm_epoch import store_presence
 
         if time.monotonic() - self._present_at < PRESENT_SECONDS:
             return
-        record = LocalTrainingProgress(
-            peer_id=self.dht.peer_id.to_bytes(),
-            epoch=self.swarm_epoch(tracker),
-            samples_accumulated=0,
-            samples_per_second=0.0,
-            time=get_dht_time(),
-            client_mode=False,
-        )
-        if self.dht.store(
-            tracker.training_progress_key,
-            subkey=tracker._local_public_key,
-            value=record.dict(),
-            expiration_time=get_dht_time() + tracker.metadata_expiration,
-        ):
+        if store_presence(self.dht, tracker, self.swarm_epoch(tracker)):
             self._present_at = time.monotonic()
 
     def swarm_epoch(self, tracker: Any) -> int:
