@@ -1,14 +1,16 @@
 """One peer in four attacks the gradient rounds: the honest peers' loss, `mean` against `centered-clip`.
 
-    .venv/bin/python bench/byzantine.py [--steps 100]
+    .venv/bin/python bench/byzantine.py [--epochs 12] [--repeats 2]
 
 For each aggregation (``mean``, ``centered-clip``) and each attack, a fresh swarm on 127.0.0.1: the server's
 bootstrap peer and four workers running ``swarmhub.worker.training.train`` on digits, each with its own account.
 One of them sends, in every round, (a) its gradients x100, (b) its gradients x-1, (c) random noise of its
-gradients' norm; in the clean swarm it is honest. Every worker stops after ``--steps`` steps; the table prints the
-honest workers' mean training loss over their last report window (equal steps), against the clean swarm's of the
-same aggregation. The clean swarms also give the cost of centered-clip: the swarm's epochs per second and
-samples per second, centered-clip over mean, measured side by side in this run.
+gradients' norm; in the clean swarm it is honest. Every worker stops once the swarm has taken ``--epochs``
+optimizer steps (equal steps: the loss of a swarm is mostly a matter of how many steps it took), and the table
+prints the honest workers' models' mean loss on the whole data set (no batch noise), the median over
+``--repeats`` swarms, against the clean swarm's under ``mean`` (the goal) and under the same rule. The clean
+swarms also give the cost of centered-clip: the swarm's epochs per second and samples per second, centered-clip
+over mean, measured side by side in this run.
 
 Run it with nothing else on the machine.
 """
@@ -19,6 +21,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,7 +43,7 @@ from swarmhub.worker.protocol import JoinResponse
 from swarmhub.worker.training import train
 
 join = JoinResponse.model_validate_json(sys.argv[1])
-identity, attack, steps = Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+identity, attack, epochs = Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 if attack != "none":
     from hivemind.optim.grad_averager import GradientAverager
     load = GradientAverager.load_accumulators_into_averager_
@@ -57,13 +60,31 @@ if attack != "none":
                     noise = torch.randn_like(t)
                     t.copy_(noise * norm / noise.norm().clamp_min(1e-12))
     GradientAverager.load_accumulators_into_averager_ = poisoned
-import time
+import threading, time
+from swarmhub.worker import training
+models = []
+load_task = training.load_task
+def keep_model(*args, **kwargs):
+    task = load_task(*args, **kwargs)
+    build = task.build_model
+    task.build_model = lambda: models.append(build()) or models[-1]
+    return task
+training.load_task = keep_model
 t0 = time.time()
-s = train(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], max_steps=steps, identity_path=identity,
-          max_minutes=10)
+stop = threading.Event()
+def at_epoch(progress):  # every peer stops once the swarm has taken `epochs` optimizer steps
+    if progress.epoch >= epochs:
+        stop.set()
+s = train(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=identity, max_minutes=10,
+          on_progress=at_epoch, stop_event=stop)
+seconds = time.time() - t0
+task = load_task(join.experiment.task, join.experiment.task_params)
+features, labels = task._data()
+with torch.no_grad():  # the model this peer ends with, on every sample of the data set: no batch noise
+    eval_loss = float(torch.nn.functional.cross_entropy(models[0](features), labels))
 print(json.dumps({"steps": s.steps, "samples": s.samples, "epoch": s.epoch, "last_loss": s.last_loss,
-                  "seconds": time.time() - t0, "rounds": {str(k): v for k, v in s.averaging_rounds.items()}}),
-      flush=True)
+                  "eval_loss": eval_loss, "seconds": seconds,
+                  "rounds": {str(k): v for k, v in s.averaging_rounds.items()}}), flush=True)
 """
 
 ATTACKS = ["none", "x100", "sign-flip", "noise"]
@@ -103,7 +124,7 @@ def join_for(run_id: str, maddrs: list[str], key: Any, name: str, identity: Path
     ).model_dump_json()  # fmt: skip
 
 
-def run_swarm(aggregation: str, attack: str, steps: int) -> dict[str, Any]:
+def run_swarm(aggregation: str, attack: str, epochs: int) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -116,7 +137,7 @@ def run_swarm(aggregation: str, attack: str, steps: int) -> dict[str, Any]:
                 join = join_for(run_id, maddrs, key, name, identity, aggregation)
                 peers.append(
                     subprocess.Popen(
-                        [sys.executable, "-c", PEER, join, str(identity), mode, str(steps)],
+                        [sys.executable, "-c", PEER, join, str(identity), mode, str(epochs)],
                         stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL,
                         text=True,
@@ -136,10 +157,11 @@ def run_swarm(aggregation: str, attack: str, steps: int) -> dict[str, Any]:
                     proc.wait(60)
             boot.terminate()
             boot.wait(60)
-    losses = [r["last_loss"] for r in results if r.get("last_loss") is not None]
+    losses = [r["eval_loss"] for r in results if r.get("eval_loss") is not None]
     seconds = max(r.get("seconds", 0.0) for r in results)
     return {
         "loss": sum(losses) / len(losses) if losses else float("nan"),
+        "epoch": max(r.get("epoch", 0) for r in results),
         "epochs_per_second": max(r.get("epoch", 0) for r in results) / seconds if seconds else 0.0,
         "samples_per_second": sum(r.get("samples", 0) for r in results) / seconds if seconds else 0.0,
     }
@@ -147,26 +169,42 @@ def run_swarm(aggregation: str, attack: str, steps: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    table: dict[tuple[str, str], dict[str, Any]] = {}
-    for attack in ATTACKS:  # interleaved: each attack's two aggregations run back to back
-        for aggregation in ("mean", "centered-clip"):
-            table[aggregation, attack] = run_swarm(aggregation, attack, args.steps)
-            print(f"# {aggregation:13s} {attack:9s} {json.dumps(table[aggregation, attack])}", flush=True)
-    print(f"\nhonest peers' training loss after {args.steps} steps each (ratio to the clean swarm of the same rule)")
-    print("| attack | mean | centered-clip |\n| --- | --- | --- |")
+    print(f"machine load before: {os.getloadavg()[0]:.2f}", flush=True)
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for repeat in range(args.repeats):
+        for attack in ATTACKS:  # interleaved: each attack's two aggregations run back to back
+            for aggregation in ("mean", "centered-clip"):
+                run = run_swarm(aggregation, attack, args.epochs)
+                runs.setdefault((aggregation, attack), []).append(run)
+                print(f"# {repeat} {aggregation:13s} {attack:9s} {json.dumps(run)}", flush=True)
+    print(f"machine load after: {os.getloadavg()[0]:.2f}")
+
+    def median(aggregation: str, attack: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[aggregation, attack])
+
+    clean = median("mean", "none", "loss")
+    print(
+        f"\nhonest peers' loss on the whole data set at swarm epoch {args.epochs}, median of {args.repeats} "
+        "swarms (ratio to the clean swarm under mean; under centered-clip's own clean swarm)"
+    )
+    print("| attack | mean | centered-clip | centered-clip within 10 % |\n| --- | --- | --- | --- |")
     for attack in ATTACKS:
         cells = []
         for aggregation in ("mean", "centered-clip"):
-            loss, clean = table[aggregation, attack]["loss"], table[aggregation, "none"]["loss"]
-            cells.append(f"{loss:.3f} ({loss / clean:.2f}x)")
-        print(f"| {attack} | {cells[0]} | {cells[1]} |")
-    clean_mean, clean_cc = table["mean", "none"], table["centered-clip", "none"]
+            loss = median(aggregation, attack, "loss")
+            spread = ", ".join(f"{r['loss']:.3f}" for r in runs[aggregation, attack])
+            own = median(aggregation, "none", "loss")
+            cells.append(f"{loss:.3f} ({loss / clean:.2f}x; {loss / own:.2f}x) [{spread}]")
+        ok = median("centered-clip", attack, "loss") <= 1.1 * clean
+        print(f"| {attack} | {cells[0]} | {cells[1]} | {'PASS' if ok else 'MISS'} |")
+    ratios = {key: median("centered-clip", "none", key) / median("mean", "none", key)
+              for key in ("epochs_per_second", "samples_per_second")}  # fmt: skip
     print(
-        "\ncost of centered-clip in the clean swarm (centered-clip / mean): "
-        f"epochs per second {clean_cc['epochs_per_second'] / clean_mean['epochs_per_second']:.2f}, "
-        f"samples per second {clean_cc['samples_per_second'] / clean_mean['samples_per_second']:.2f}"
+        "\ncost of centered-clip in the clean swarm (centered-clip / mean, medians): "
+        f"epochs per second {ratios['epochs_per_second']:.2f}, samples per second {ratios['samples_per_second']:.2f}"
     )
 
 

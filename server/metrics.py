@@ -788,7 +788,7 @@ def _flags(experiment: Experiment, row: TotalRow, references: _ClassReferences) 
     if row.swarm_flags:
         flags.append(
             f"the server's peers refused data from their peers {row.swarm_flags:,} times (non-finite gradients, an "
-            "epoch ahead of the swarm, or a poisoned state)"
+            "epoch ahead of the swarm, a poisoned state, or a weight claimed far over the target batch)"
         )
     return flags
 

@@ -280,7 +280,11 @@ class WitnessedRound(Base):
     (``worker/witness.py``): with its :class:`RoundCredit` rows, the ledger of verified work."""
 
     __tablename__ = "witnessed_rounds"
-    __table_args__ = (UniqueConstraint("experiment_id", "round_id"),)
+    __table_args__ = (
+        UniqueConstraint("experiment_id", "round_id"),
+        # the rounds of the last minutes, which bound each sender's credit (witnessed.record_rounds)
+        Index("ix_witnessed_rounds_time", "experiment_id", "witnessed_at"),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
@@ -398,9 +402,6 @@ class ExperimentTotal(Base):
     max_epoch: Mapped[int | None] = mapped_column(BigInteger)  # the swarm's open epoch, as its signed records show
     # device class -> the fastest signed rate of a volunteer with a worker of that class (the flags' reference)
     signed_peaks: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
-    # device class -> the two fastest witnessed rates of different volunteers, [[rate, user_id], ...]: the bound on
-    # what another volunteer of the class is credited per second (contributions.record_rounds)
-    witnessed_peaks: Mapped[dict[str, list[list[float]]]] = mapped_column(JSON, server_default=text("'{}'"))
 
 
 # The leaderboard's order: an index scan that stops at the page.

@@ -12,8 +12,10 @@ bound (``swarm_epoch.bounded_progress``) and download state from first (``state_
 the restored state. The peer saves it at once as a
 checkpoint marked ``restored_from``.
 
-The epoch counter goes on counting up, so the learning-rate schedule continues at the swarm's step count, not at
-the restored checkpoint's (hivemind peers only ever move their schedule forward).
+The epoch counter goes on counting up (hivemind peers never load a state older than their own), and the
+learning-rate schedule continues from the restored checkpoint's step: the checkpoint peer sets the swarm's schedule
+offset (``worker/swarm_optimizer.SwarmStateAverager``) to the epoch it shares the state at less the checkpoint's
+schedule step, and every peer takes the offset with the state.
 """
 
 from __future__ import annotations

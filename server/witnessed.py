@@ -10,16 +10,22 @@ monitor peer reads that record and attributes each sender through the roster. Th
   removal after ``auto_remove_flags`` of them.
 
 What a sender is credited for a round is its weight there, which the reducers already capped (at the target
-batch, and at twice the round's median claim with three senders or more), and at most RATE_FACTOR times what
-the fastest other volunteer of its device class was credited per second, times the time since this peer's
-previous witnessed round (``_rate_bound``). A peer that publishes records, claims a huge batch or a made-up rate
-gains nothing beyond that: only rounds in which the server's peer received a full, finite slice from it count.
+batch, and at twice the round's median claim with three senders or more), and no more than keeps the peer's credit
+over the last ``WINDOW_SECONDS`` at or below another volunteer's peer's of its device class over the same window
+(that peer's weight in this round included, when it took part): a peer gains at most what the fastest peer of
+another volunteer of its class gains over the same time (``_window_bound``), and an account at most that per peer
+it runs (``max_peers_per_volunteer``). With no other volunteer of its class the bound is the fastest peer of any
+other volunteer; with no other volunteer at all, the reducers' caps only.
+A peer that publishes records, claims a huge batch or a made-up rate gains nothing beyond that: only rounds in
+which the server's peer received a full, finite slice from it count, and none before its first progress record.
+Where the guarantee ends: the fastest honest volunteer of a class is credited at most the second fastest's
+gains, and two accounts that forge together bound each other (docs/security.md).
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
@@ -27,19 +33,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from . import contributions
-from .models import Experiment, RoundCredit, SwarmFlag, SwarmPeer, User, WitnessedRound
+from .models import Experiment, RoundCredit, SwarmFlag, SwarmPeer, User, VolunteerTotal, WitnessedRound
 
 logger = logging.getLogger("swarmhub.witnessed")
 
-# A peer's first witnessed round is credited for at most this long before it (the time since its first record).
-FIRST_ROUND_SECONDS = 120.0
-# And any round for at most this long since the peer's previous one: a peer away for an hour gains no hour's work.
-MAX_ROUND_GAP = 600.0
-# A peer is credited per second at most this many times the fastest other volunteer of its device class: honest
-# devices of one class can differ several times over (a laptop and a workstation are both "cpu"; the organizer's
-# flags use the same margin), a made-up rate by orders of magnitude. In rounds of three senders or more the
-# reducers' cap (twice the median claim) is the tighter bound; this one holds in the smallest swarms too.
-RATE_FACTOR = 10.0
+# A volunteer's credit over this many seconds is held against the other volunteers' over the same seconds.
+WINDOW_SECONDS = 600.0
 
 
 class Sender(BaseModel):
@@ -99,12 +98,16 @@ def record_rounds(session: Session, experiment: Experiment, rounds: list[Round],
     users = dict(session.execute(select(User.username, User.id).where(User.username.in_(names))).tuples().all())
     totals = contributions.experiment_totals(session, experiment.id)  # locked, as every change of the totals
     rows = contributions.volunteer_totals(session, experiment.id, set(users.values()))
-    peaks = {cls: [list(p) for p in entries] for cls, entries in (totals.witnessed_peaks or {}).items()}
+    first = datetime.fromtimestamp(min(fresh[0].time, now.timestamp()), timezone.utc)
+    window = _window_credits(session, experiment.id, first - timedelta(seconds=WINDOW_SECONDS))
+    classes = _classes(session, experiment.id, {user_id for user_id, _ in window} | set(users.values()))
     for item in fresh:
         at = datetime.fromtimestamp(min(item.time, now.timestamp()), timezone.utc)
         row = WitnessedRound(experiment_id=experiment.id, round_id=item.id, epoch=item.epoch, witnessed_at=at)
         session.add(row)
         session.flush()
+        before = dict(window)
+        weights = {(users[s.username], s.peer_id): s.weight for s in item.senders if s.username in users}
         for sender in item.senders:
             user_id = users.get(sender.username)
             if user_id is None:
@@ -112,9 +115,12 @@ def record_rounds(session: Session, experiment: Experiment, rounds: list[Round],
             peer = session.scalar(
                 select(SwarmPeer).where(SwarmPeer.experiment_id == experiment.id, SwarmPeer.peer_id == sender.peer_id)
             )
-            since = _since(peer, at)
-            classes = sorted(rows[user_id].device_classes or []) or ["cpu"]
-            credited = int(min(sender.weight, _rate_bound(peaks, classes, user_id) * since))
+            if peer is None:  # a round read before the peer's first record: nothing shows it was there
+                credited = 0
+            else:
+                room = _window_bound(before, weights, classes, user_id) - window.get((user_id, sender.peer_id), 0)
+                credited = int(min(sender.weight, max(room, 0.0)))
+                peer.last_round_at = at
             session.add(
                 RoundCredit(
                     round_pk=row.id,
@@ -125,49 +131,52 @@ def record_rounds(session: Session, experiment: Experiment, rounds: list[Round],
                     credited=credited,
                 )
             )
-            if peer is not None:
-                peer.last_round_at = at
+            window[user_id, sender.peer_id] = window.get((user_id, sender.peer_id), 0) + credited
             rows[user_id].verified_samples += credited
             totals.verified_samples += credited
-            if credited > 0 and since > 0:
-                _raise_peaks(peaks, classes, credited / since, user_id)
-    totals.witnessed_peaks = peaks  # a new dict: JSON columns see assignment, not mutation
     session.flush()
     return len(fresh)
 
 
-def _since(peer: SwarmPeer | None, at: datetime) -> float:
-    """The seconds of work a round can stand for: since the peer's previous witnessed round, or since its first
-    record (at most FIRST_ROUND_SECONDS), never more than MAX_ROUND_GAP; none before its first record."""
-    if peer is None:
-        return 0.0  # a round read before the peer's first record: nothing to measure its time by
-    if peer.last_round_at is not None:
-        return max(0.0, min((at - peer.last_round_at).total_seconds(), MAX_ROUND_GAP))
-    return max(0.0, min((at - peer.first_seen).total_seconds(), FIRST_ROUND_SECONDS))
+def _window_credits(session: Session, experiment_id: int, since: datetime) -> dict[tuple[int, str], int]:
+    """(user ID, peer ID) -> samples credited in the rounds witnessed since ``since``."""
+    rows = session.execute(
+        select(RoundCredit.user_id, RoundCredit.peer_id, func.sum(RoundCredit.credited))
+        .join(WitnessedRound, WitnessedRound.id == RoundCredit.round_pk)
+        .where(WitnessedRound.experiment_id == experiment_id, WitnessedRound.witnessed_at >= since)
+        .group_by(RoundCredit.user_id, RoundCredit.peer_id)
+    ).all()
+    return {(int(user_id), peer_id): int(total or 0) for user_id, peer_id, total in rows}
 
 
-def _rate_bound(peaks: dict[str, list[list[float]]], classes: list[str], user_id: int) -> float:
-    """The fastest credited rate of another volunteer of one of ``classes`` (of any class when none has one);
-    unbounded when no other volunteer has been credited yet (the first volunteer of an experiment is bounded by
-    the reducers' weight caps only)."""
-
-    def others(entries: list[list[float]]) -> float:
-        return max((rate for rate, uid in entries if int(uid) != user_id), default=0.0)
-
-    of_class = [others(peaks.get(cls, [])) for cls in classes]
-    best = max(of_class, default=0.0)
-    if best <= 0:
-        best = max((others(entries) for entries in peaks.values()), default=0.0)
-    return RATE_FACTOR * best if best > 0 else float("inf")
+def _classes(session: Session, experiment_id: int, user_ids: set[int]) -> dict[int, set[str]]:
+    """user ID -> the device classes its workers reported ("cpu" for one that reported none)."""
+    rows = session.execute(
+        select(VolunteerTotal.user_id, VolunteerTotal.device_classes).where(
+            VolunteerTotal.experiment_id == experiment_id, VolunteerTotal.user_id.in_(user_ids)
+        )
+    ).all()
+    found = {int(user_id): set(classes or []) or {"cpu"} for user_id, classes in rows}
+    return {user_id: found.get(user_id, {"cpu"}) for user_id in user_ids}
 
 
-def _raise_peaks(peaks: dict[str, list[list[float]]], classes: list[str], rate: float, user_id: int) -> None:
-    """Keep, per class, the two fastest rates of different volunteers (one to bound everyone but its holder)."""
-    for cls in classes:
-        entries = {int(uid): r for r, uid in peaks.get(cls, [])}
-        entries[user_id] = max(entries.get(user_id, 0.0), rate)
-        top = sorted(entries.items(), key=lambda item: -item[1])[:2]
-        peaks[cls] = [[r, uid] for uid, r in top]
+def _window_bound(
+    credited: dict[tuple[int, str], int],
+    weights: dict[tuple[int, str], float],
+    classes: dict[int, set[str]],
+    user_id: int,
+) -> float:
+    """The most a peer of ``user_id`` may have been credited in the window with this round: the largest of another
+    volunteer's peer's credit in the window plus its weight in this round, among the volunteers sharing a device
+    class with ``user_id`` (among all others when none does); unbounded when no other volunteer's peer gained any."""
+    peers = set(credited) | set(weights)
+    others = {peer: credited.get(peer, 0) + weights.get(peer, 0.0) for peer in peers if peer[0] != user_id}
+    others = {peer: amount for peer, amount in others.items() if amount > 0}  # a peer that gained nothing sets nothing
+    own = classes.get(user_id, {"cpu"})
+    same = [amount for (other, _), amount in others.items() if classes.get(other, {"cpu"}) & own]
+    if same:
+        return max(same)
+    return max(others.values()) if others else float("inf")
 
 
 def record_flags(session: Session, experiment: Experiment, flags: list[Flag], now: datetime) -> list[str]:

@@ -59,6 +59,9 @@ AGGREGATIONS = ("mean", "centered-clip")
 # far above the round's median is counted at this multiple of it. Honest fast peers lose a little weight (the
 # average is still one of unbiased gradients, with a little more variance); a forger's huge claim loses all of it.
 WEIGHT_MEDIAN_FACTOR = 2.0
+# A sender that claims over this many target batches in one round is flagged (its weight is capped either way): an
+# honest peer's claim is what it accumulated in one epoch, the target batch and one step's samples at most.
+WEIGHT_FLAG_FACTOR = 4.0
 CLIP_ITERATIONS = 10
 # A downloaded state whose parameters' norm is over this multiple of the peer's own is refused (unless it comes
 # from the server's own peer): training moves a model's norm by a few times at most, an attack by orders.
@@ -173,6 +176,7 @@ def make_reducer_class() -> type:
             self.sender_ids = list(sender_ids)
             self.claimed = [0.0] * num_senders  # the largest weight each sender claimed in this round
             self.dropped: set[int] = set()
+            self.overclaimed: set[int] = set()
             self._held = _Held()
             super().__init__(part_shapes, num_senders)
 
@@ -212,6 +216,11 @@ def make_reducer_class() -> type:
                 if tensor_part.shape != self.part_shapes[part_index]:
                     raise AllreduceException("a part of the wrong shape")
                 self.claimed[sender_index] = max(self.claimed[sender_index], float(weight))
+                if weight > WEIGHT_FLAG_FACTOR * POLICY.max_weight and sender_index not in self.overclaimed:
+                    self.overclaimed.add(sender_index)
+                    who = self.sender_ids[sender_index] if sender_index < len(self.sender_ids) else "?"
+                    logger.warning("%s claimed a weight of %.3g in a round (capped)", who, weight)
+                    flag(who, "claimed weight far over the target batch")
                 if not finite(tensor_part) or not math.isfinite(weight):
                     if sender_index not in self.dropped:
                         self.dropped.add(sender_index)

@@ -1,6 +1,11 @@
 """``hivemind.Optimizer`` as swarmhub's workers run it (imported only when training starts: hivemind is heavy).
 
-One change: a gradient averaging round is pre-scheduled only while the swarm's progress shows another peer.
+The learning-rate schedule runs at ``epoch - schedule_offset`` (:class:`SwarmStateAverager`): after a rollback
+(``server/rollback.py``) the swarm's epoch counter goes on counting up, as hivemind peers never load a state older
+than their own, while the schedule continues from the restored checkpoint's step. The offset travels with the
+swarm's state.
+
+A gradient averaging round is pre-scheduled only while the swarm's progress shows another peer.
 
 hivemind pre-schedules the next round shortly before an epoch ends, so that matchmaking overlaps the last steps.
 When the epoch ends and the progress tracker shows no other peer (a swarm's first seconds, before the peers'
@@ -21,12 +26,77 @@ import time
 from typing import Any
 
 import hivemind
+import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.optim.state_averager import TrainingStateAverager
 
 from . import robust
 
 logger = logging.getLogger(__name__)
 # After a state download that left this peer behind, the swarm's progress is read again at most this often
 REREAD_AFTER_FAILED_CATCH_UP_SECONDS = 2.0
+
+
+class _KeepsLoadedMetadata(DecentralizedAverager):  # type: ignore[misc]
+    """Keeps the metadata of the last state downloaded (``TrainingStateAverager`` reads only the epoch of it)."""
+
+    def load_state_from_peers(self, *args: Any, **kwargs: Any) -> Any:
+        loaded = super().load_state_from_peers(*args, **kwargs)
+        self.loaded_metadata = loaded[0] if isinstance(loaded, tuple) and loaded else None
+        return loaded
+
+
+class SwarmStateAverager(TrainingStateAverager, _KeepsLoadedMetadata):  # type: ignore[misc]
+    """hivemind's state averager with a schedule offset: the learning-rate schedule is at step
+    ``local_epoch - schedule_offset``. The offset is shared with the state (its metadata's ``schedule_offset``) and
+    taken with a downloaded state when it is a whole number between 0 and that state's epoch."""
+
+    schedule_offset = 0
+    loaded_metadata: Any = None
+
+    def get_current_state(self) -> Any:
+        metadata, tensors, infos = super().get_current_state()
+        return {**metadata, "schedule_offset": self.schedule_offset}, tensors, infos
+
+    def load_state_from_peers(self, **kwargs: Any) -> None:
+        self.loaded_metadata = None
+        epoch = self.local_epoch
+        super().load_state_from_peers(**kwargs)
+        metadata = self.loaded_metadata
+        if not isinstance(metadata, dict) or metadata.get("epoch") != self.local_epoch or self.local_epoch < epoch:
+            return  # nothing loaded (hivemind refuses a state older than this peer's)
+        offset = metadata.get("schedule_offset", 0)
+        if isinstance(offset, int) and not isinstance(offset, bool) and 0 <= offset <= self.local_epoch:
+            self.set_schedule_offset(offset)
+        else:
+            logger.warning("ignored a state's schedule offset %.50r", offset)
+
+    def set_schedule_offset(self, offset: int) -> None:
+        self.schedule_offset = int(offset)
+        self._update_scheduler()
+
+    @property
+    def schedule_step(self) -> int:
+        return max(int(self.local_epoch) - int(self.schedule_offset), 0)
+
+    def _update_scheduler(self) -> None:
+        """Set the schedule to ``schedule_step``: forward as hivemind steps it, and back after a rollback (a
+        ``LambdaLR`` is a pure function of the step)."""
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        step = self.schedule_step
+        if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            super()._update_scheduler()
+            return
+        if scheduler.last_epoch == step:
+            return
+        rates = [base * rule(step) for base, rule in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+        for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
+        scheduler.last_epoch = step
+        scheduler._last_lr = rates
+        scheduler._step_count = max(scheduler._step_count, int(self.local_epoch) + 1)
 
 
 class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
@@ -36,6 +106,23 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
     def __init__(self, *args: Any, roster: robust.Roster | None = None, **kwargs: Any):
         self._roster = roster
         super().__init__(*args, **kwargs)
+
+    def _make_state_averager(self, **kwargs: Any) -> SwarmStateAverager:
+        return SwarmStateAverager(
+            dht=self.dht,
+            prefix=f"{self.run_id}_state_averager",
+            min_matchmaking_time=self.matchmaking_time,
+            allreduce_timeout=self.allreduce_timeout,
+            shutdown_timeout=self.shutdown_timeout,
+            offload_optimizer=self.offload_optimizer,
+            custom_gradients=self.offload_optimizer,
+            status_loglevel=self.status_loglevel,
+            next_chunk_timeout=self.next_chunk_timeout,
+            client_mode=self.client_mode,
+            auxiliary=self.auxiliary,
+            start=True,
+            **kwargs,
+        )
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs: Any) -> Any:
         if self._roster is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import math
 import os
 import subprocess
@@ -92,6 +93,16 @@ def wait_for_checkpoint(url: str, after_epoch: int, timeout: float = 120) -> dic
             return done[-1]
         time.sleep(1)
     raise AssertionError(f"no checkpoint after step {after_epoch} within {timeout:.0f} s: {checkpoints(url)}")
+
+
+def saved_checkpoint(tmp: Path, epoch: int) -> dict[str, Any]:
+    """The info.json of the server's checkpoint of ``epoch`` and its saved optimizer's learning rates."""
+    import torch
+
+    (folder,) = [path.parent for path in tmp.rglob(f"{epoch:010d}/state.pt")]
+    state = torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
+    rates = [group["lr"] for group in state["optimizer"]["param_groups"]]
+    return {"info": json.loads((folder / "info.json").read_text()), "rates": rates}
 
 
 def reports(tmp: Path, username: str) -> list[tuple[int, float]]:
@@ -215,8 +226,19 @@ def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp
             assert time.monotonic() < deadline, checkpoints(url)[-5:]
             time.sleep(1)
         assert restored[0]["eval_loss"] == pytest.approx(target["eval_loss"], abs=1e-4)
-        assert restored[0]["epoch"] > reached["epoch"]  # the step counter goes on
+        assert restored[0]["epoch"] > reached["epoch"]  # the epoch counter goes on
         after = wait_for_checkpoint(url, after_epoch=restored[0]["epoch"])  # taken from joan's state
+        # The learning-rate schedule continues from the restored checkpoint's step, not from the swarm's epoch:
+        # each checkpoint's saved optimizer holds the rate of its schedule step.
+        for checkpoint, step in (
+            (target, target["epoch"]),
+            (restored[0], target["epoch"]),
+            (after, target["epoch"] + after["epoch"] - restored[0]["epoch"]),
+        ):
+            saved = saved_checkpoint(tmp_path, checkpoint["epoch"])
+            assert saved["info"]["schedule_step"] == step, (checkpoint, saved["info"])
+            rate = 0.06 * min((step + 1) / 2, (2000 - step) / 1998)  # TASK's warm-up and linear decay
+            assert saved["rates"] == pytest.approx([rate] * len(saved["rates"]), rel=1e-6), (step, saved["rates"])
         seen, outputs = wait_volunteers([joan], tmp_path)
         assert joan[2].returncode == 0, outputs["joan"][-3000:]
         assert any(epoch >= restored[0]["epoch"] for epoch, _ in reports(tmp_path, "joan")), outputs["joan"][-3000:]

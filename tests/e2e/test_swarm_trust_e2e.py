@@ -182,3 +182,65 @@ def test_forged_records_earn_nothing_and_flagged_volunteers_are_removed(tmp_path
     assert processes["ada"].returncode == 0, outputs["ada"][-3000:]
     assert denied == {"usernames": ["nina"]}, denied  # removed by the organizer's rule, and no one else
     assert outlived(seen_children) == set()
+
+
+# `swarmhub join` that does a fraction of an honest peer's work (a pause before each step) and claims a weight of a
+# million samples in every gradient round it joins.
+OVERCLAIMER = """
+import sys, time
+from hivemind.optim.grad_averager import GradientAverager
+from hivemind.optim.optimizer import Optimizer
+average = GradientAverager.step
+def overclaimed(self, weight=None, **kwargs):
+    return average(self, weight=1e6, **kwargs)
+GradientAverager.step = overclaimed
+step = Optimizer.step
+def slow(self, *args, **kwargs):
+    time.sleep(0.3)
+    return step(self, *args, **kwargs)
+Optimizer.step = slow
+from swarmhub.worker.cli import main
+sys.argv = ["swarmhub", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_huge_claimed_weight_earns_no_more_than_the_honest_peer_and_is_flagged(tmp_path):
+    """vera runs the real worker claiming a million samples in every round while doing a fraction of ada's work.
+    The reducers count her claim at the target batch at most, the ledger credits her peer at most what ada's gained
+    over the same minutes, and the server's witness flags her for the organizer."""
+    with running_server(tmp_path) as (url, _):
+        organizer = {"Authorization": f"Bearer {signup(url, 'organizer')}"}
+        created = httpx.post(
+            f"{url}/api/experiments",
+            headers=organizer,
+            json={
+                "slug": SLUG,
+                "title": "Open digits",
+                "task": "digits",
+                "task_params": {"hidden_size": 64, "batch_size": 32},
+                "target_batch_size": 128,
+                "matchmaking_time": 2.0,
+                "averaging_timeout": 20.0,
+                "learning_rate": 0.003,
+            },
+        )
+        assert created.status_code == 201, created.text
+        started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
+        assert started.json()["status"] == "running"
+        workers = []
+        for name, script in (("ada", None), ("vera", OVERCLAIMER)):
+            env = volunteer_env(tmp_path, name, url, signup(url, name))
+            out = open(tmp_path / f"{name}.out", "wb")  # noqa: SIM115 - closed by wait_volunteers
+            command = ["join", SLUG, "--max-minutes", "1.5", "--listen", "/ip4/127.0.0.1/tcp/0"]
+            argv = [sys.executable, "-c", script, *command] if script else [*SWARMHUB, *command]
+            workers.append((name, out, subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)))
+        seen_children, outputs = wait_volunteers(workers, tmp_path)
+        time.sleep(5)  # the monitor's last read of the witness's rounds
+        board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard", headers=organizer).json()
+    rows = {entry["username"]: entry for entry in board}
+    assert rows["ada"]["samples"] > 0, (board, outputs["ada"][-3000:])
+    assert rows["vera"]["samples"] <= rows["ada"]["samples"], board
+    assert "refused data" in " ".join(rows["vera"]["flags"]), board
+    assert not any("refused data" in flag for flag in rows["ada"]["flags"]), board
+    assert outlived(seen_children) == set()

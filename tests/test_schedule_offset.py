@@ -1,0 +1,76 @@
+"""After a rollback the learning-rate schedule runs at ``epoch - schedule_offset``, and the offset travels with the
+swarm's state: a peer that downloads the state takes the rate of the restored checkpoint's step, not of the epoch.
+
+Two real hivemind peers in this process (``SwarmOptimizer``, as workers run it): one holds a state at epoch 30 with
+an offset of 20; the other joins and downloads it."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+
+from swarmhub.worker.swarm_optimizer import SwarmOptimizer
+
+pytestmark = pytest.mark.swarm
+
+
+def schedule(step: int) -> float:
+    return 1.0 / (1 + step)  # every step its own rate
+
+
+def make_peer(dht, run_id: str, model: torch.nn.Module) -> SwarmOptimizer:
+    return SwarmOptimizer(
+        dht=dht,
+        run_id=run_id,
+        params=model.parameters(),
+        optimizer=partial(torch.optim.SGD, lr=0.5),
+        scheduler=partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=schedule),
+        batch_size_per_step=8,
+        target_batch_size=64,
+        matchmaking_time=0.5,
+        averaging_timeout=5.0,
+        verbose=False,
+    )
+
+
+def rate(opt: SwarmOptimizer) -> float:
+    return opt.state_averager.optimizer.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize(("served", "taken"), [(20, 20), (-3, 0), (31, 0), ("20", 0)])
+def test_a_downloaded_state_brings_its_schedule_offset(served, taken):
+    import hivemind
+
+    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    second = hivemind.DHT(
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[str(a) for a in first.get_visible_maddrs()], start=True
+    )
+    run_id = f"schedule-{taken}-{abs(hash(str(served)))}"
+    holder = joiner = None
+    try:
+        holder = make_peer(first, run_id, torch.nn.Linear(4, 2))
+        averager = holder.state_averager
+        averager.local_epoch = 30
+        averager.set_schedule_offset(20)
+        assert averager.schedule_step == 10
+        assert rate(holder) == pytest.approx(0.5 * schedule(10))
+        averager.schedule_offset = served  # what this peer serves to newcomers, valid or not
+        averager.state_sharing_priority = 30
+
+        joiner = make_peer(second, run_id, torch.nn.Linear(4, 2))
+        assert rate(joiner) == pytest.approx(0.5 * schedule(0))
+        for _ in range(10):  # the holder's priority reaches the DHT within a moment
+            joiner.state_averager.load_state_from_peers(timeout=10)
+            if joiner.local_epoch == 30:
+                break
+        assert joiner.local_epoch == 30
+        assert joiner.state_averager.schedule_offset == taken
+        assert rate(joiner) == pytest.approx(0.5 * schedule(30 - taken))
+    finally:
+        for opt in (holder, joiner):
+            if opt is not None:
+                opt.shutdown()
+        second.shutdown()
+        first.shutdown()
