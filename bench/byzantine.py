@@ -5,7 +5,8 @@
 For each aggregation (``mean``, ``centered-clip``) and each attack, a fresh swarm on 127.0.0.1: the server's
 bootstrap peer and four workers running ``swarmhub.worker.training.train`` on digits, each with its own account.
 One of them sends, in every round, (a) its gradients x100, (b) its gradients x-1, (c) random noise of its
-gradients' norm; in the clean swarm it is honest. Every worker stops once the swarm has taken ``--epochs``
+gradients' norm; in the clean swarm it is honest. Every swarm starts from the same model, and each worker reads
+the data in the same order in every swarm. Every worker stops once the swarm has taken ``--epochs``
 optimizer steps (equal steps: the loss of a swarm is mostly a matter of how many steps it took), and the table
 prints the honest workers' models' mean loss on the whole data set (no batch noise), the median over
 ``--repeats`` swarms, against the clean swarm's under ``mean`` (the goal) and under the same rule. The clean
@@ -70,6 +71,7 @@ def keep_model(*args, **kwargs):
     task.build_model = lambda: models.append(build()) or models[-1]
     return task
 training.load_task = keep_model
+torch.manual_seed(0)  # every peer of every swarm starts from the same model (its data order: its worker ID)
 t0 = time.time()
 stop = threading.Event()
 def at_epoch(progress):  # every peer stops once the swarm has taken `epochs` optimizer steps
@@ -118,7 +120,7 @@ def join_for(run_id: str, maddrs: list[str], key: Any, name: str, identity: Path
     public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes()
     token = swarm_access.sign_token(key, run_id, name, public_key, timedelta(hours=1))
     return JoinResponse(
-        experiment=experiment, run_id=run_id, initial_peers=maddrs, worker_id=f"{name}-{uuid.uuid4().hex[:6]}",
+        experiment=experiment, run_id=run_id, initial_peers=maddrs, worker_id=f"{name}-byzantine",
         username=name, report_path="/ws", swarm_token=SwarmToken(**swarm_access.token_to_wire(token)),
         token_path="/t", experiment_public_key=key.get_public_key().to_bytes().decode(), server_time=time.time(),
     ).model_dump_json()  # fmt: skip

@@ -82,6 +82,24 @@ def test_centered_clip_stays_near_the_honest_parts_where_the_mean_does_not(attac
         assert (plain - mean_honest).norm() > 10 * norm
 
 
+@pytest.mark.parametrize("attack", ["x-1000", "x100"])
+def test_centered_clip_of_two_parts_bounds_the_larger_by_the_smaller(attack):
+    """A round of one honest sender and one attacker: no majority, and no medoid to start from. The attacker's part
+    counts at the honest part's norm at most, whichever of the two comes first."""
+    good = honest(1)[0]
+    bad = {"x-1000": -1000 * good, "x100": 100 * good}[attack]
+    for parts in ([good, bad], [bad, good]):
+        clipped = reduce(parts, [1.0, 1.0], "centered-clip")
+        assert clipped.norm() <= good.norm() * (1 + 1e-5)
+        if attack == "x100":  # a scaled honest part: the result is the honest part itself
+            assert torch.allclose(clipped, good, atol=1e-5)
+        plain = reduce(parts, [1.0, 1.0], "mean")
+        assert plain.norm() > 10 * good.norm()
+    # two honest parts of similar norms: close to their mean
+    pair = honest(2)
+    assert (reduce(pair, [1.0, 1.0], "centered-clip") - sum(pair) / 2).norm() < 0.1 * (sum(pair) / 2).norm()
+
+
 def test_centered_clip_of_honest_parts_is_their_mean_within_their_spread():
     parts = honest(4)
     spread = max((p - sum(parts) / 4).norm() for p in parts)

@@ -59,8 +59,9 @@ AGGREGATIONS = ("mean", "centered-clip")
 # far above the round's median is counted at this multiple of it. Honest fast peers lose a little weight (the
 # average is still one of unbiased gradients, with a little more variance); a forger's huge claim loses all of it.
 WEIGHT_MEDIAN_FACTOR = 2.0
-# A sender that claims over this many target batches in one round is flagged (its weight is capped either way): an
-# honest peer's claim is what it accumulated in one epoch, the target batch and one step's samples at most.
+# A sender that claims over this many target batches (or steps' batches, where one step's is larger) in one round is
+# flagged (its weight is capped either way): an honest peer's claim is what it accumulated in one epoch, the target
+# batch and one step's samples at most.
 WEIGHT_FLAG_FACTOR = 4.0
 CLIP_ITERATIONS = 10
 # A downloaded state whose parameters' norm is over this multiple of the peer's own is refused (unless it comes
@@ -72,6 +73,7 @@ STATE_NORM_JUMP = 10.0
 class Policy:
     aggregation: str = "mean"
     max_weight: float = math.inf  # the experiment's target_batch_size: no peer counts for more than a whole batch
+    flag_weight: float = math.inf  # a claim over this is flagged: WEIGHT_FLAG_FACTOR x (the target or one step's batch)
     run_id: str = ""
     experiment_key: Any = None  # the experiment's public key: reads the roster (who is the server's peer)
     trusted_state: bool = False  # this process is the server's own peer: its norm check has no reference
@@ -110,9 +112,17 @@ def centered_clip(parts: torch.Tensor, weights: torch.Tensor, iterations: int = 
     row's offset clipped to radius ``tau``, the median of the rows' distances from the start. With most rows honest
     the radius is an honest row's spread, so a row of any size moves the center at most its weight's share of it.
     (The medoid needs the rows' pairwise distances, one matrix product; a coordinate-wise median sorts every
-    column and cost several times more on hivemind's parts.)"""
+    column and cost several times more on hivemind's parts.)
+
+    Two rows have no majority and no medoid (either is as central as the other): each row is scaled down to the
+    smaller row's norm before the weighted mean, so a row of any size moves the result by at most its weight's
+    share of an honest row's norm (a sign-flipped honest-sized row still cancels its share)."""
     if parts.shape[0] == 1:
         return parts[0].clone()
+    if parts.shape[0] == 2:
+        norms = parts.norm(dim=1)
+        scale = (norms.min() / norms.clamp_min(1e-12)).clamp(max=1.0)
+        return (parts * (scale * weights / weights.sum()).unsqueeze(1)).sum(dim=0)
     distances = torch.cdist(parts.unsqueeze(0), parts.unsqueeze(0)).squeeze(0)
     center = parts[int(distances.sum(dim=1).argmin())].clone()
     tau = (parts - center).norm(dim=1).median()
@@ -216,7 +226,7 @@ def make_reducer_class() -> type:
                 if tensor_part.shape != self.part_shapes[part_index]:
                     raise AllreduceException("a part of the wrong shape")
                 self.claimed[sender_index] = max(self.claimed[sender_index], float(weight))
-                if weight > WEIGHT_FLAG_FACTOR * POLICY.max_weight and sender_index not in self.overclaimed:
+                if weight > POLICY.flag_weight and sender_index not in self.overclaimed:
                     self.overclaimed.add(sender_index)
                     who = self.sender_ids[sender_index] if sender_index < len(self.sender_ids) else "?"
                     logger.warning("%s claimed a weight of %.3g in a round (capped)", who, weight)
@@ -306,7 +316,14 @@ def make_runner_class() -> type:
 
 
 def install(
-    aggregation: str, target_batch_size: int, run_id: str, experiment_key: Any, username: str, *, trusted: bool = False
+    aggregation: str,
+    target_batch_size: int,
+    run_id: str,
+    experiment_key: Any,
+    username: str,
+    *,
+    trusted: bool = False,
+    batch_size: int = 1,
 ) -> None:
     """Guard every hivemind averager created after this call in this process (and its children): averaging,
     state download. Call before creating ``hivemind.Optimizer``; its tracker comes from
@@ -317,6 +334,7 @@ def install(
         raise ValueError(f"unknown aggregation {aggregation!r}")
     POLICY.aggregation = aggregation
     POLICY.max_weight = float(target_batch_size)
+    POLICY.flag_weight = WEIGHT_FLAG_FACTOR * max(target_batch_size, batch_size)
     POLICY.run_id = run_id
     POLICY.experiment_key = experiment_key
     POLICY.trusted_state = trusted

@@ -361,6 +361,7 @@ def train(
                 access.experiment_key,
                 join.username,
                 trusted=join.username == swarm_access.SERVER_PEER_USERNAME,
+                batch_size=task.batch_size,
             )
             server_witness = None
             if auxiliary and join.username == swarm_access.SERVER_PEER_USERNAME:
