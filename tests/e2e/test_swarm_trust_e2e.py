@@ -156,7 +156,8 @@ def test_forged_records_earn_nothing_and_flagged_volunteers_are_removed(tmp_path
             timeout=180,
         )
         assert forger.returncode == 0, forger.stderr[-3000:]
-        assert json.loads(forger.stdout.splitlines()[-1])["published"] >= 30
+        # once a second for 40 s: at least half of them stored, on a busy machine
+        assert json.loads(forger.stdout.splitlines()[-1])["published"] >= 20
 
         seen_children, outputs = wait_volunteers(workers, tmp_path)
         token = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
