@@ -241,7 +241,7 @@ def run_probe_server(host: str, port: int) -> None:
 
 
 def preflight(url: str, listen: str) -> dict[str, Any]:
-    """What ``swarmhub join`` does before training (worker/cli.py): can the server dial this peer back (if not,
+    """What ``swarmhub join`` does before training (worker/joining.py): can the server dial this peer back (if not,
     client mode), then this peer's bandwidth for hivemind's load balancing (not measured in client mode)."""
     from swarmhub.worker import doctor
     from swarmhub.worker.client import ApiClient

@@ -335,10 +335,10 @@ def run_server(cfg: dict[str, Any]) -> None:
     """What ``swarmhub join SLUG`` runs, with the reporter's messages also printed (with their time) here."""
     from swarmhub import __version__
     from swarmhub.worker import swarm_access
-    from swarmhub.worker.cli import USER_AGENT, run_session
-    from swarmhub.worker.client import ApiClient
+    from swarmhub.worker.client import USER_AGENT, ApiClient
     from swarmhub.worker.protocol import JoinRequest, MetricReport, SwarmToken
     from swarmhub.worker.reporter import Reporter
+    from swarmhub.worker.session import run_session
 
     url, token, slug = cfg["url"], cfg["token"], cfg["slug"]
     state = Path(cfg["state_dir"])

@@ -42,7 +42,7 @@ print(json.dumps({"event": "summary", "steps": s.steps, "epoch": s.epoch, "first
 SESSION_SCRIPT = """
 import sys
 from pathlib import Path
-from swarmhub.worker.cli import run_session
+from swarmhub.worker.session import run_session
 from swarmhub.worker.protocol import JoinResponse
 
 join = JoinResponse.model_validate_json(sys.argv[1])

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from swarmhub.worker import cli
+from swarmhub.worker import cli, session
 from swarmhub.worker.training import Progress
 
 SERVER_STACK = ("fastapi", "sqlalchemy", "starlette", "alembic", "jinja2")
@@ -92,7 +92,7 @@ def progress(step: int, peers: int = 2, averaged: int = 0) -> Progress:
 
 def test_progress_on_a_terminal_rewrites_one_line():
     stream = Terminal()
-    line = cli._ProgressLine(stream)
+    line = session._ProgressLine(stream)
     for step in (1, 2, 20):
         line.update(progress(step, averaged=2 if step == 20 else 0))
     shown = stream.getvalue()
@@ -107,9 +107,9 @@ def test_progress_on_a_terminal_rewrites_one_line():
 
 
 def test_progress_to_a_file_is_a_line_every_few_seconds(monkeypatch):
-    monkeypatch.setattr(cli, "PLAIN_PROGRESS_EVERY", 0.5)
+    monkeypatch.setattr(session, "PLAIN_PROGRESS_EVERY", 0.5)
     stream = io.StringIO()
-    line = cli._ProgressLine(stream)
+    line = session._ProgressLine(stream)
     for step in range(1, 201):  # a fast loop reports far more often than a log wants
         line.update(progress(step, peers=1))
     assert stream.getvalue() == "epoch 0 | 1 peers | 64 samples | loss 2.5000 | 128 samples/s\n"

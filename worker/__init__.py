@@ -8,7 +8,9 @@ Imported as ``swarmhub.worker``. It never imports the server, FastAPI or SQLAlch
 - ``credentials``: the stored login (``credentials.json``, mode 0600) and the env overrides.
 - ``client``: ``ApiClient`` for the server's HTTP API; ``WorkerError`` and the documented exit codes.
 - ``reporter``: ``Reporter``, metric messages over a reconnecting websocket (bounded, acked, never blocks).
-- ``training``: ``train()``, the hivemind training loop (DHT + ``hivemind.Optimizer``), with clean shutdown.
+- ``training``: ``train()``, the hivemind training loop (DHT + ``hivemind.Optimizer``), with clean shutdown;
+  ``training_loop`` holds the loops it runs in the swarm, ``peer_access`` the peer's admission (token, roster).
 - ``tasks``: what is trained (model, data, loss), as plugins found by name.
-- ``cli``: the ``swarmhub`` command (login, whoami, logout, experiments, join; server wrappers).
+- ``cli``: the ``swarmhub`` command (login, whoami, logout, experiments, join; server wrappers); ``login`` the
+  browser login, ``joining`` what ``join`` does before the session, ``session`` the session runner.
 """

@@ -30,6 +30,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from .. import __version__
 from .protocol import (
     DenyListPublic,
     DeviceCode,
@@ -51,6 +52,7 @@ JOIN_RETRY_SECONDS = 60.0  # how long `join` waits for an experiment's swarm pee
 # The server may hold a join while it starts the swarm peer: a longer read timeout than other calls.
 JOIN_TIMEOUT = httpx.Timeout(15.0, read=60.0)
 DATA_TIMEOUT = httpx.Timeout(15.0, read=120.0)  # one corpus file (a shard is a few MB at most)
+USER_AGENT = f"swarmhub-worker/{__version__}"  # what the `swarmhub` commands send
 
 
 class ExitCode(IntEnum):

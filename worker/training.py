@@ -6,6 +6,10 @@ torch optimizer in ``hivemind.Optimizer`` (the DeDLOC recipe: accumulate until t
 It always leaves the swarm cleanly: ``Optimizer.shutdown()`` then ``DHT.shutdown()``, whatever stops it;
 otherwise hivemind leaves four orphan processes (the DHT, ``p2pd`` and two averagers).
 
+The loops it runs once in the swarm, and the records they keep (:class:`TrainingSummary`, :class:`Progress`,
+:class:`StopReason`, also importable from here), are in :mod:`swarmhub.worker.training_loop`; the peer's
+admission (its swarm token and roster entry, kept current) is in :mod:`swarmhub.worker.peer_access`.
+
 It imports torch and hivemind: keep it out of the CLI's import path until a command needs it.
 """
 
@@ -15,18 +19,13 @@ import contextlib
 import hashlib
 import logging
 import math
-import re
 import signal
 import threading
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from enum import Enum
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from pydantic import ValidationError
@@ -34,72 +33,23 @@ from pydantic import ValidationError
 from . import load_balancing, robust, swarm_access, witness
 from .client import ExitCode, WorkerError
 from .optim import Lamb
-from .protocol import Control, JoinResponse, MetricReport, OptimizerName, Overlap, SwarmToken, TrainingSettings
+from .peer_access import _Access
+from .protocol import JoinResponse, OptimizerName, Overlap, SwarmToken, TrainingSettings
 from .tasks import Task, TaskData, UnknownTask, get_task
+from .training_loop import OPTIMIZER_LOGGER as OPTIMIZER_LOGGER
+from .training_loop import Progress as Progress
+from .training_loop import ReporterLike, StopReason, _assist, _AveragingWatcher, _loop
+from .training_loop import TrainingSummary as TrainingSummary
 
 logger = logging.getLogger(__name__)
 
-REPORT_EVERY_SECONDS = 2.0
 WITNESS_TRACKER = {"min_refresh_period": 0.2, "max_refresh_period": 1.0, "default_refresh_period": 0.5}
-SPEED_WINDOW_SECONDS = 10.0
-OPTIMIZER_LOGGER = "hivemind.optim.optimizer"
-_AVERAGED_RE = re.compile(r"Averaged gradients with (\d+) peers")
 _OPTIMIZERS = {
     OptimizerName.adam: torch.optim.Adam,
     OptimizerName.adamw: torch.optim.AdamW,
     OptimizerName.sgd: torch.optim.SGD,
     OptimizerName.lamb: Lamb,
 }
-
-
-class ReporterLike(Protocol):
-    """What the loop needs from :class:`swarmhub.worker.reporter.Reporter`."""
-
-    def report(self, msg: MetricReport) -> None: ...
-
-    @property
-    def control(self) -> Control | None: ...
-
-    @property
-    def fatal(self) -> WorkerError | None: ...
-
-
-class StopReason(str, Enum):
-    max_steps = "max_steps"
-    max_minutes = "max_minutes"
-    stop_event = "stop_event"  # Ctrl-C / SIGTERM, or the caller
-    control = "control"  # the organizer paused or finished the experiment
-    fatal = "fatal"  # the reporter cannot go on (token rejected, worker unknown)
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A snapshot for the console line; ``loss`` is the mean over the steps since the previous snapshot."""
-
-    step: int
-    samples: int
-    epoch: int
-    loss: float
-    samples_per_second: float
-    peers: int
-    averaged_peers: int
-    elapsed: float
-
-
-@dataclass
-class TrainingSummary:
-    steps: int = 0
-    samples: int = 0
-    epoch: int = 0
-    first_loss: float | None = None  # mean loss of the first report window
-    last_loss: float | None = None  # mean loss of the last report window
-    averaging_rounds: dict[int, int] = field(default_factory=dict)  # group size -> successful rounds
-    stop_reason: StopReason = StopReason.max_steps
-    control: Control | None = None
-    fatal: WorkerError | None = None
-    precision: str = "fp32"
-    # peer ID -> reason -> count: what this peer refused from others (robust.take_flags)
-    flags: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def resolve_precision(name: str, device: torch.device) -> str:
@@ -192,40 +142,6 @@ def load_task(name: str, params: dict[str, Any]) -> Task:
 def data_seed(worker_id: str) -> int:
     """Each worker run sees the data in its own order."""
     return int.from_bytes(hashlib.sha256(worker_id.encode()).digest()[:4], "big")
-
-
-class _AveragingWatcher(logging.Handler):
-    """Reads the group size of each gradient averaging round from hivemind.Optimizer's status log.
-
-    hivemind has no public counter for it; its status line is the documented trace. With ``verbose=False``
-    that line is logged at DEBUG, so the logger is opened to DEBUG while the watcher is attached (the module
-    logs nothing else at DEBUG) and restored afterwards. Attached directly: hivemind's loggers may not
-    propagate.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.last_group = 0
-        self.rounds: Counter[int] = Counter()
-        self._logger = logging.getLogger(OPTIMIZER_LOGGER)
-        self._saved_level = logging.NOTSET
-
-    def emit(self, record: logging.LogRecord) -> None:
-        match = _AVERAGED_RE.search(record.getMessage())
-        if match:
-            self.last_group = int(match.group(1))
-            self.rounds[self.last_group] += 1
-
-    def __enter__(self) -> _AveragingWatcher:
-        self._saved_level = self._logger.level
-        if not self._logger.isEnabledFor(logging.DEBUG):
-            self._logger.setLevel(logging.DEBUG)
-        self._logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._logger.removeHandler(self)
-        self._logger.setLevel(self._saved_level)
 
 
 @contextlib.contextmanager
@@ -447,239 +363,3 @@ def train(
                 if dht is not None:
                     dht.shutdown()
     return summary
-
-
-def _assist(
-    opt: Any,
-    summary: TrainingSummary,
-    should_stop: Callable[[], StopReason | None],
-    *,
-    pause: Callable[[float], Any],
-    keep_access: Callable[[], None],
-    interval: float = 0.2,
-    server_witness: witness.Witness | None = None,
-) -> None:
-    """An auxiliary peer: no gradients of its own; each ``opt.step()`` joins the swarm's averaging rounds when
-    an epoch ends, lending this machine's bandwidth to the all-reduce. The server's auxiliary peer also
-    publishes the rounds it saw complete (``server_witness``)."""
-    last_report = time.monotonic()
-    while (reason := should_stop()) is None:
-        epoch = opt.local_epoch
-        if server_witness is not None:
-            try:
-                server_witness.keep_present(opt.tracker)
-            except Exception as exc:
-                logger.warning("could not publish the witness's progress record: %r", exc)
-            _witness_one_round(opt, should_stop, pause)
-            try:
-                server_witness.publish(opt.tracker.global_epoch)
-            except Exception as exc:  # the peer keeps averaging whatever the DHT does
-                logger.warning("could not publish the witnessed rounds: %r", exc)
-        else:
-            opt.step()
-        summary.epoch = max(opt.local_epoch, epoch)
-        if time.monotonic() - last_report >= REPORT_EVERY_SECONDS:
-            keep_access()
-            last_report = time.monotonic()
-        pause(interval)
-    summary.stop_reason = reason
-
-
-def _witness_one_round(opt: Any, should_stop: Callable[[], StopReason | None], pause: Callable[[float], Any]) -> None:
-    """The server's witness: look for the next gradient averaging group at once and take part in its round as a
-    reducer (weight 0). It computes nothing, so unlike ``opt.step()`` it never waits for its own (lagging) estimate
-    of the epoch's end: it is in matchmaking whenever a round forms, and a round it misses credits no one."""
-    if opt.tracker.global_progress.num_peers <= 1:
-        pause(0.5)  # no one to average with
-        return
-    try:
-        control = opt.grad_averager.step(wait=False, timeout=opt.averaging_timeout)
-    except Exception as exc:
-        logger.warning("could not join an averaging round: %r", exc)
-        pause(1.0)
-        return
-    while not control.done():
-        if should_stop() is not None:
-            control.cancel()
-            return
-        pause(0.05)
-    if control.exception() is not None:  # no group this time (hivemind logs why)
-        pause(0.1)
-
-
-class _Access:
-    """This peer's admission to the swarm: the DHT authorizer (which runs in hivemind's DHT process and
-    renews its own token) and the roster entry that lets other peers' averagers talk to us (renewed here)."""
-
-    def __init__(
-        self,
-        join: JoinResponse,
-        identity_path: Path,
-        fetch_token: Callable[[], SwarmToken] | None,
-        deny_list: swarm_access.DenyList,
-    ):
-        self.run_id = join.run_id
-        self.key = swarm_access.load_or_create_identity(identity_path)
-        swarm_access.use_as_process_key(self.key)  # progress records are signed with the key the token admits
-        self.experiment_key = swarm_access.public_key_from_text(join.experiment_public_key)
-        self.token = swarm_access.token_from_wire(join.swarm_token.model_dump())
-        expires = swarm_access.parse_expiry(self.token.expiration_time)
-        lifetime = (expires - datetime.now(timezone.utc)) if expires else swarm_access.REFRESH_MARGIN
-        self.margin = min(swarm_access.REFRESH_MARGIN, lifetime / 4)
-        self._fetch_token = fetch_token
-        self._published: str | None = None
-        self._lock = threading.Lock()
-        self.authorizer = swarm_access.SwarmAuthorizer(
-            self.key,
-            self.experiment_key,
-            self.run_id,
-            self.fetch,
-            first_token=self.token,
-            refresh_margin=self.margin,
-            denied=deny_list,
-        )
-
-    def fetch(self) -> Any:
-        if self._fetch_token is not None:
-            try:
-                self.token = swarm_access.token_from_wire(self._fetch_token().model_dump())
-            except Exception as exc:  # the server is unreachable for now: the current token may still serve
-                logger.warning("could not renew the swarm token: %s", getattr(exc, "message", exc))
-        return self.token
-
-    def keep_published(self, dht: Any) -> None:
-        """Renew the token when it nears expiry and (re)publish it on the roster; cheap when nothing is due."""
-        with self._lock:
-            if self.authorizer.does_token_need_refreshing(self.token):
-                self.fetch()
-            if self._published != self.token.signature:
-                if swarm_access.publish_roster_entry(dht, self.run_id, self.token):
-                    self._published = self.token.signature
-
-    def keep_publishing(self, dht: Any, stop: threading.Event) -> threading.Thread:
-        """Keep the token and roster entry current in the background until ``stop``: a training step can block
-        as long as an averaging round lasts, and a roster entry that expires meanwhile makes the other peers
-        refuse this one, so that the next round fails too."""
-        interval = max(min(5.0, self.margin.total_seconds() / 2), 0.5)
-
-        def run() -> None:
-            while not stop.wait(interval):
-                try:
-                    self.keep_published(dht)
-                except Exception as exc:
-                    logger.warning("could not renew this peer's roster entry: %r", exc)
-
-        thread = threading.Thread(target=run, daemon=True, name="swarmhub-roster")
-        thread.start()
-        return thread
-
-
-def _loop(
-    opt: Any,
-    task: Any,
-    model: torch.nn.Module,
-    batches: Any,
-    device: torch.device,
-    summary: TrainingSummary,
-    watcher: _AveragingWatcher,
-    reporter: ReporterLike | None,
-    on_progress: Callable[[Progress], None] | None,
-    should_stop: Callable[[], StopReason | None],
-    *,
-    pause: Callable[[float], Any],
-    min_epoch_seconds: float,
-    keep_access: Callable[[], None] = lambda: None,
-    amp: str = "fp32",
-) -> None:
-    started = time.monotonic()
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
-    # fp16: PyTorch's own scaler. It unscales the model's gradients before hivemind accumulates them (hivemind's
-    # GradScaler is only for reuse_grad_buffers=True, which this loop does not use) and skips overflowed batches.
-    scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
-    last_epoch_change = started
-    seq = 0
-    window_losses: list[float] = []
-    window_start = started
-    # (time, samples) at each report: the speed is measured over the last SPEED_WINDOW_SECONDS, never over
-    # one short window (a step right after an averaging round would read as a burst of thousands per second).
-    history: deque[tuple[float, int]] = deque([(started, 0)])
-    last_epoch = opt.local_epoch
-    summary.epoch = last_epoch
-
-    def publish(now: float) -> None:
-        nonlocal seq, window_losses, window_start
-        keep_access()
-        if not window_losses:
-            return
-        loss = sum(window_losses) / len(window_losses)
-        history.append((now, summary.samples))
-        while len(history) > 2 and now - history[1][0] >= SPEED_WINDOW_SECONDS:
-            history.popleft()
-        since, samples_then = history[0]
-        speed = (summary.samples - samples_then) / max(now - since, 1e-3)
-        window_losses, window_start = [], now
-        if not math.isfinite(loss):
-            logger.warning("non-finite loss %r at step %d: not reported", loss, summary.steps)
-            return
-        if summary.first_loss is None:
-            summary.first_loss = loss
-        summary.last_loss = loss
-        peers = max(opt.tracker.global_progress.num_peers, 1)  # this peer, before the tracker has seen it
-        progress = Progress(
-            step=summary.steps,
-            samples=summary.samples,
-            epoch=summary.epoch,
-            loss=loss,
-            samples_per_second=speed,
-            peers=peers,
-            averaged_peers=watcher.last_group,
-            elapsed=now - started,
-        )
-        if reporter is not None:
-            reporter.report(
-                MetricReport(
-                    seq=seq,
-                    step=progress.step,
-                    epoch=progress.epoch,
-                    samples=progress.samples,
-                    loss=loss,
-                    samples_per_second=min(speed, 1e9),
-                    peers=peers,
-                    averaged_peers=progress.averaged_peers,
-                )
-            )
-            seq += 1
-        if on_progress is not None:
-            on_progress(progress)
-
-    model.train()
-    while (reason := should_stop()) is None:
-        batch = next(batches)
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-            loss = task.loss(model, batch, device)
-        if scaler is not None:  # fp16: scale the loss so that small gradients survive the backward pass
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
-        opt.zero_grad()
-        summary.steps += 1
-        summary.samples += task.batch_size
-        window_losses.append(float(loss.detach()))
-        summary.epoch = opt.local_epoch
-        now = time.monotonic()
-        if summary.epoch != last_epoch or now - window_start >= REPORT_EVERY_SECONDS:
-            if summary.epoch != last_epoch:
-                # hivemind schedules each averaging round `matchmaking_time` before an epoch ends. Epochs
-                # shorter than that (a tiny model, or a peer that believes it is alone) cancel rounds as fast
-                # as they are scheduled, which wedges hivemind 1.1.12's matchmaking for good ("aclose():
-                # asynchronous generator is already running", then every round fails). Real workloads
-                # never wait here.
-                pause(max(last_epoch_change + min_epoch_seconds - now, 0.0))
-                last_epoch_change = now = time.monotonic()
-            last_epoch = summary.epoch
-            publish(now)
-    summary.stop_reason = reason
-    publish(time.monotonic())  # the last partial window

@@ -1,0 +1,165 @@
+"""What ``swarmhub join SLUG`` does once its options are read: join the experiment on the server, run the checks that
+decide how this peer joins (clock, open files, reachability, bandwidth), prepare the swarm-token and deny-list
+callbacks, the corpus and the reporter (first sending what an earlier session left unsent), then run the session.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .. import __version__
+from .client import USER_AGENT, ApiClient, ExitCode, WorkerError, check_clock
+from .protocol import JoinRequest, JoinResponse, SwarmToken
+from .session import run_session
+from .settings import WorkerSettings
+from .spool import Spool, discard, leftovers
+
+logger = logging.getLogger("swarmhub.worker")
+
+
+def join_and_train(
+    settings: WorkerSettings,
+    client: ApiClient,
+    token: str,
+    slug: str,
+    *,
+    device: str,
+    max_steps: int | None,
+    max_minutes: float | None,
+    listen: Sequence[str],
+    client_mode: bool,
+    auxiliary: bool,
+    precision: str,
+    verbose: bool,
+) -> int:
+    """Join experiment ``slug`` with ``client`` (not yet opened: closed once joined) and train with its swarm until
+    stopped; returns the session's exit code. Raises :class:`WorkerError` for what stops it before the session."""
+    from . import doctor, swarm_access
+    from .reporter import Reporter
+    from .training import resolve_device, resolve_precision
+
+    torch_device = resolve_device(device)
+    resolve_precision(precision, torch_device)  # a precision this device lacks is a usage error, before joining
+    with client:
+        username = client.me().username
+        # One key per user and experiment on this machine: the peer ID, the swarm token and the signed
+        # progress records all use it, so the peer ID is stable across restarts and its work attributable.
+        identity_path = settings.identity_path(client.server_url, username, slug)
+        public_key = swarm_access.public_key_text(swarm_access.load_or_create_identity(identity_path))
+        request = JoinRequest(device=torch_device.type, client_version=__version__, peer_public_key=public_key)
+        sent_at = time.time()
+        joined = client.join(slug, request)
+        check_clock(joined.server_time, sent_at, time.time())
+        doctor.raise_open_files_limit()
+        if auxiliary and client_mode:
+            raise WorkerError("An auxiliary peer must accept connections: drop --client-mode", ExitCode.USAGE)
+        if not client_mode:
+            # Can other peers dial us? If not, join in client mode: train and average through reachable peers.
+            reach, listen = doctor.check_reachability(client, listen)
+            client_mode = reach.status != doctor.OK
+            if client_mode and auxiliary:
+                raise WorkerError(
+                    f"An auxiliary peer must be reachable, and {reach.detail.split(':')[0]}: {reach.fix}",
+                    ExitCode.USAGE,
+                )
+            if client_mode:
+                click.echo(f"Note: {reach.detail}.")
+        # The link speed goes to hivemind's load balancing: faster peers reduce a larger part of the vector.
+        bandwidth = None if client_mode else doctor.measure_bandwidth(client)
+
+    def fetch_token() -> SwarmToken:
+        with ApiClient(client.server_url, token, user_agent=USER_AGENT) as refresher:
+            return refresher.swarm_token(joined, public_key)
+
+    def denied() -> set[str]:
+        with ApiClient(client.server_url, token, user_agent=USER_AGENT) as poller:
+            return poller.denylist(slug)
+
+    corpus = None
+    if joined.data_path and not auxiliary:
+        corpus = remote_corpus(client.server_url, token, joined, settings.corpus_dir(client.server_url, slug))
+
+    click.echo(
+        f"Joined {slug!r} ({joined.experiment.title}) as {joined.username}: "
+        + ("helping average (auxiliary peer)" if auxiliary else f"training {joined.experiment.task} on {torch_device}")
+        + ". Ctrl-C to leave."
+    )
+    spool_dir = settings.spool_dir(client.server_url, joined.username, slug)
+    _send_leftovers(client.server_url, token, joined, spool_dir)
+    reporter = Reporter.for_join(client.server_url, token, joined, spool=Spool(spool_dir, joined.worker_id)).start()
+    code = run_session(
+        joined,
+        device=str(torch_device),
+        listen_maddrs=listen,
+        client_mode=client_mode,
+        auxiliary=auxiliary,
+        bandwidth=bandwidth,
+        precision=precision,
+        max_steps=max_steps,
+        max_minutes=max_minutes,
+        reporter=reporter,
+        log_path=settings.logs_dir / f"{slug}.log",
+        verbose=verbose,
+        restore_stderr=False,  # the process exits next
+        identity_path=identity_path,
+        fetch_token=fetch_token,
+        denied=denied,
+        corpus=corpus,
+    )
+    return code
+
+
+def _send_leftovers(server_url: str, token: str, joined: JoinResponse, folder: Path) -> None:
+    """Reports an earlier session spooled and never got acknowledged (it crashed, or the server was away):
+    sent now, to the worker runs they belong to. The server stores each exactly once."""
+    from .reporter import Reporter
+
+    for worker_id in leftovers(folder):
+        spool = Spool(folder, worker_id)
+        count = len(spool.unacked())
+        if not count:
+            spool.close(done=True)
+            continue
+        earlier = joined.model_copy(update={"worker_id": worker_id})
+        reporter = Reporter.for_join(server_url, token, earlier, spool=spool).start()
+        if reporter.close(timeout=15.0):
+            click.echo(f"Sent {count} metric reports left from an earlier session.")
+        elif reporter.fatal is not None and reporter.fatal.exit_code in (ExitCode.AUTH, ExitCode.NOT_FOUND):
+            logger.warning("dropping %d spooled reports the server refuses: %s", count, reporter.fatal.message)
+            discard(folder, worker_id)
+        else:
+            logger.warning("%d reports of worker run %s are still unsent: kept for next time", count, worker_id)
+
+
+def remote_corpus(server_url: str, token: str, joined: JoinResponse, cache_dir: Path) -> Any:
+    """The experiment's corpus, downloaded as the task reads it and cached in ``cache_dir``."""
+    assert joined.data_path is not None
+    return corpus_of(server_url, token, joined.experiment.slug, cache_dir, joined.data_path)
+
+
+def corpus_of(server_url: str, token: str, slug: str, cache_dir: Path, data_path: str | None = None) -> Any:
+    from .data import RemoteCorpus
+
+    path = data_path or f"/api/experiments/{slug}/data"  # slug: checked against SLUG_RE by the commands
+    with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
+        manifest = api.data_manifest(slug, path)
+
+    def get(name: str) -> bytes:
+        with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
+            return api.data_file(slug, path, name)
+
+    def next_shard() -> int | None:
+        try:
+            with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
+                return api.next_shard(slug, path)
+        except WorkerError as exc:  # training goes on with shards in this worker's own order
+            logger.warning("could not ask the server for the next shard: %s", exc.message)
+            return None
+
+    return RemoteCorpus(manifest, cache_dir, get, next_shard)
