@@ -3,7 +3,7 @@
 The peer (``swarm_peer.py``) is the swarm's bootstrap node and monitor. The host keeps the set of
 peer processes equal to the set of running experiments (``reconcile``), restarts a peer that died,
 and stops them all at shutdown. Peers keep their identity in ``data_dir/peers`` so that their
-peer ID survives a server restart.
+peer ID survives a server restart; ``peer_commands.py`` builds their command lines and files.
 
 Behind a firewall or NAT the operator gives a port range (``SWARMHUB_SWARM_PORTS``): each peer takes a
 free port from it, and announces ``SWARMHUB_SWARM_ANNOUNCE_HOST`` (the public address) with that port
@@ -20,16 +20,14 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import peer_logs
-from .contributions import MONITOR_SECONDS
+from . import peer_commands, peer_logs
 from .settings import tcp_maddr
 
 logger = logging.getLogger("swarmhub.swarm")
@@ -123,6 +121,10 @@ class SwarmHost:
             )
         return None
 
+    @property
+    def _network(self) -> peer_commands.Network:
+        return peer_commands.Network(self.host, self.token_minutes, self.announce_host)
+
     def start(self, run_id: str, signing_key: str) -> Peer | None:
         """Run the experiment's bootstrap + monitor peer unless it runs; None when no port is free."""
         with self._lock:
@@ -132,35 +134,10 @@ class SwarmHost:
             port = self._take_port(run_id, "swarm peer")
             if port is None:
                 return None
-            folder = self.data_dir / "peers"
+            folder = peer_commands.peers_folder(self.data_dir)
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            identity = folder / f"{run_id}.key"
-            # The peer mints its own swarm tokens: it gets the experiment's key in a file only we can read.
-            key_file = folder / f"{run_id}.signing"
-            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(signing_key)
-            cmd = [
-                sys.executable,
-                "-m",
-                "swarmhub.server.swarm_peer",
-                "--run-id",
-                run_id,
-                "--host",
-                self.host,
-                "--port",
-                str(port),
-                "--identity",
-                str(identity),
-                "--signing-key-file",
-                str(key_file),
-                "--token-minutes",
-                str(self.token_minutes),
-                "--interval",
-                str(MONITOR_SECONDS),
-            ]
-            if self.announce_host:
-                cmd += ["--announce-host", self.announce_host]
+            peer_commands.write_signing_key(folder, run_id, signing_key)
+            cmd = peer_commands.bootstrap_command(folder, run_id, self._network, port)
             # stdin stays open: the peer exits by itself when this process (and so the pipe) goes away.
             # Own session: a stuck peer and the processes hivemind forked for it can be killed as one group.
             process = subprocess.Popen(
@@ -172,44 +149,37 @@ class SwarmHost:
             logger.info("started swarm peer for %s (pid %s)", run_id, process.pid)
             return peer
 
+    def _companion_slot(
+        self, run_id: str, running: Mapping[str, subprocess.Popen[Any]], what: str
+    ) -> tuple[list[str], int] | None:
+        """Where a companion of the bootstrap peer (the auxiliary or the checkpoint peer) finds the swarm and the
+        port it listens on (call with the lock held); None while it runs, before the bootstrap peer is ready and
+        when no port is free."""
+        process = running.get(run_id)
+        peer = self._peers.get(run_id)
+        if (process is not None and process.poll() is None) or peer is None or not peer.ready.is_set():
+            return None
+        port = self._take_port(run_id, what)
+        if port is None:
+            return None
+        return (self._local_maddrs(peer) if self.announce_host else peer.maddrs), port
+
     def start_aux(self, run_id: str, experiment: dict[str, Any]) -> None:
         """Run the experiment's auxiliary peer (``aux_peer.py``) once its bootstrap peer is ready."""
         with self._lock:
-            running = self._aux.get(run_id)
-            peer = self._peers.get(run_id)
-            if (running is not None and running.poll() is None) or peer is None or not peer.ready.is_set():
+            slot = self._companion_slot(run_id, self._aux, "auxiliary peer")
+            if slot is None:
                 return
-            port = self._take_port(run_id, "auxiliary peer")
-            if port is None:
-                return
-            folder = self.data_dir / "peers"
-            config = folder / f"{run_id}.aux.json"
-            initial_peers = self._local_maddrs(peer) if self.announce_host else peer.maddrs
-            config.write_text(json.dumps({"run_id": run_id, "experiment": experiment, "initial_peers": initial_peers}))
-            cmd = [
-                sys.executable,
-                "-m",
-                "swarmhub.server.aux_peer",
-                "--config",
-                str(config),
-                "--signing-key-file",
-                str(folder / f"{run_id}.signing"),
-                "--identity",
-                str(folder / f"{run_id}.aux.key"),
-                "--host",
-                self.host,
-                "--port",
-                str(port),
-                "--token-minutes",
-                str(self.token_minutes),
-            ]
-            if self.announce_host:
-                cmd += ["--announce-host", self.announce_host]
+            initial_peers, port = slot
+            folder = peer_commands.peers_folder(self.data_dir)
+            peer_commands.write_aux_config(folder, run_id, experiment, initial_peers)
+            cmd = peer_commands.companion_command("aux_peer", folder, run_id, peer_commands.AUX, self._network, port)
             process = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
             )
             assert process.stdout is not None
-            peer_logs.copy_to_log(process.stdout, folder / f"{run_id}.aux.log", self.log_max_bytes)
+            log = peer_commands.companion_log(folder, run_id, peer_commands.AUX)
+            peer_logs.copy_to_log(process.stdout, log, self.log_max_bytes)
             self._aux[run_id] = process
             self._aux_ports[run_id] = port
             logger.info("started the auxiliary peer for %s (pid %s)", run_id, self._aux[run_id].pid)
@@ -218,48 +188,16 @@ class SwarmHost:
         """Run the experiment's checkpoint peer (``checkpoint_peer.py``) once its bootstrap peer is ready.
         ``config``: the experiment's config, its corpus folder, and how often to save."""
         with self._lock:
-            running = self._keepers.get(run_id)
-            peer = self._peers.get(run_id)
-            if (running is not None and running.poll() is None) or peer is None or not peer.ready.is_set():
+            slot = self._companion_slot(run_id, self._keepers, "checkpoint peer")
+            if slot is None:
                 return
-            port = self._take_port(run_id, "checkpoint peer")
-            if port is None:
-                return
-            folder = self.data_dir / "peers"
-            path = folder / f"{run_id}.checkpoints.json"
-            initial_peers = self._local_maddrs(peer) if self.announce_host else peer.maddrs
+            initial_peers, port = slot
+            folder = peer_commands.peers_folder(self.data_dir)
             checkpoints = self.data_dir / "checkpoints" / run_id
             checkpoints.mkdir(parents=True, exist_ok=True)
-            path.write_text(
-                json.dumps(
-                    {
-                        **config,
-                        "run_id": run_id,
-                        "initial_peers": initial_peers,
-                        "folder": str(checkpoints),
-                        "restore_file": str(self.restore_file(run_id)),
-                    }
-                )
-            )
-            cmd = [
-                sys.executable,
-                "-m",
-                "swarmhub.server.checkpoint_peer",
-                "--config",
-                str(path),
-                "--signing-key-file",
-                str(folder / f"{run_id}.signing"),
-                "--identity",
-                str(folder / f"{run_id}.checkpoints.key"),
-                "--host",
-                self.host,
-                "--port",
-                str(port),
-                "--token-minutes",
-                str(self.token_minutes),
-            ]
-            if self.announce_host:
-                cmd += ["--announce-host", self.announce_host]
+            peer_commands.write_keeper_config(self.data_dir, run_id, config, initial_peers, checkpoints)
+            kind = peer_commands.CHECKPOINTS
+            cmd = peer_commands.companion_command("checkpoint_peer", folder, run_id, kind, self._network, port)
             process = subprocess.Popen(
                 cmd,
                 stdin=subprocess.PIPE,
@@ -269,7 +207,7 @@ class SwarmHost:
                 start_new_session=True,
             )
             stderr: Any = process.stderr  # text mode (stdout carries its events); the log is copied as bytes
-            peer_logs.copy_to_log(stderr.buffer, folder / f"{run_id}.checkpoints.log", self.log_max_bytes)
+            peer_logs.copy_to_log(stderr.buffer, peer_commands.companion_log(folder, run_id, kind), self.log_max_bytes)
             self._keepers[run_id] = process
             self._keeper_ports[run_id] = port
             self._keeper_ready.discard(run_id)
@@ -370,27 +308,14 @@ class SwarmHost:
                 self.stop_keeper(run_id)
 
     def write_denied(self, run_id: str, usernames: list[str]) -> None:
-        folder = self.data_dir / "peers"
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = folder / f"{run_id}.deny"
-        text = "".join(f"{name}\n" for name in usernames)
-        if not path.exists() or path.read_text() != text:
-            tmp = path.with_suffix(".deny.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)  # the peer never reads half a list
+        peer_commands.write_denied(self.data_dir, run_id, usernames)
 
     def restore_file(self, run_id: str) -> Path:
-        return self.data_dir / "peers" / f"{run_id}.restore"
+        return peer_commands.restore_file(self.data_dir, run_id)
 
     def write_restore(self, run_id: str, order: dict[str, int] | None) -> None:
         """The organizer's newest rollback for the checkpoint peer (``rollback.py``), whole or absent."""
-        path = self.restore_file(run_id)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        text = json.dumps(order) if order is not None else ""
-        if not path.exists() or path.read_text() != text:
-            tmp = path.with_suffix(".restore.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+        peer_commands.write_restore(self.data_dir, run_id, order)
 
     def swarm_peers(self, run_id: str) -> int | None:
         peer = self._peers.get(run_id)

@@ -1,0 +1,73 @@
+"""Accounts: users, their browser sessions and API tokens, and device logins in progress."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import ForeignKey, Index, Integer, String, func, text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from .base import Base, UTCDateTime, utcnow
+
+
+class User(Base):
+    __tablename__ = "users"
+    # unique whatever the case, in the database itself (migration 0016)
+    __table_args__ = (Index("uq_users_username_lower", func.lower(text("username")), unique=True),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    username: Mapped[str] = mapped_column(String(32), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    is_admin: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class WebSession(Base):
+    """A browser login. Only the SHA-256 of the cookie value is stored; logout deletes the row."""
+
+    __tablename__ = "web_sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    user: Mapped[User] = relationship(lazy="joined")
+
+
+class ApiToken(Base):
+    """A CLI bearer token. Only its SHA-256 is stored; the value is shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(12))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    user: Mapped[User] = relationship(lazy="joined")
+
+
+class DeviceAuthorization(Base):
+    """RFC 8628 device authorization grant in progress."""
+
+    __tablename__ = "device_authorizations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device_code_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user_code: Mapped[str] = mapped_column(String(9), unique=True)
+    client_name: Mapped[str] = mapped_column(String(100))
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending/approved/denied/consumed
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    interval: Mapped[int] = mapped_column(Integer, default=5)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_polled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    user: Mapped[User | None] = relationship(lazy="joined")

@@ -1,0 +1,336 @@
+"""Experiment pages: the list of experiments, an experiment's form (new and edit), its dashboard and the
+organizer's actions on it (training text, status, rollback, removals), and invite links. Forms post back here with
+a CSRF token; services do the work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import BackgroundTasks, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from swarmhub.worker.protocol import Aggregation, OptimizerName, Overlap, TrainingSettings
+from swarmhub.worker.tasks import available_tasks, get_task
+
+from .. import experiments, quotas, rollback, training_data
+from ..deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser
+from ..errors import AppError
+from ..models import Corpus
+from ..ratelimit import limited
+from ..views import render
+from . import data
+from .page_helpers import WebSess, form_errors, router, see_other
+
+EXPERIMENT_FIELDS = (
+    "title",
+    "slug",
+    "description",
+    "task",
+    "join_policy",
+    "allowlist",
+    "aux_peer",
+    "checkpoint_minutes",
+    "max_peers_per_volunteer",
+    "auto_remove_flags",
+    *[f for f in TrainingSettings.model_fields if f not in ("task", "task_params")],
+)
+
+
+def task_forms() -> list[dict[str, Any]]:
+    """Every installed task with its parameter fields, rendered from the JSON schema of its ``Params``."""
+    forms = []
+    for name in available_tasks():
+        task = get_task(name)
+        schema = task.Params.model_json_schema()
+        fields = []
+        for field_name, prop in schema.get("properties", {}).items():
+            kind = prop.get("type")
+            choices = prop.get("enum")
+            if choices is None and "const" in prop:
+                choices = [prop["const"]]
+            if choices is not None:
+                widget = "select"
+            elif kind == "boolean":
+                widget = "checkbox"
+            elif kind in ("integer", "number"):
+                widget = "number"
+            else:
+                widget = "text"
+            fields.append(
+                {
+                    "name": field_name,
+                    "default": prop.get("default"),
+                    "help": prop.get("description", ""),
+                    "widget": widget,
+                    "choices": choices or [],
+                    "step": "1" if kind == "integer" else "any",
+                    "min": prop.get("minimum", prop.get("exclusiveMinimum")),
+                    "max": prop.get("maximum", prop.get("exclusiveMaximum")),
+                    "maxlength": prop.get("maxLength"),
+                }
+            )
+        forms.append({"name": name, "title": task.title, "fields": fields, "needs_corpus": task.needs_corpus})
+    return forms
+
+
+async def _experiment_form(request: Request) -> tuple[dict[str, Any], dict[str, str]]:
+    """The submitted experiment as a dict, and inline errors for its task parameters."""
+    form = await request.form()
+    data: dict[str, Any] = {name: str(form.get(name, "")) for name in EXPERIMENT_FIELDS if name in form}
+    task = data.get("task", "")
+    params: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    if task in available_tasks():
+        prefix = f"param.{task}."
+        params = {
+            key[len(prefix) :]: str(value) for key, value in form.items() if key.startswith(prefix) and value != ""
+        }
+        try:
+            get_task(task).Params.model_validate(params)
+        except ValidationError as exc:
+            errors.update(form_errors(exc, prefix=prefix))
+    data["task_params"] = params
+    return data, errors
+
+
+def _form_page(
+    request: Request,
+    user: Any,
+    web: Any,
+    *,
+    values: dict[str, Any],
+    errors: dict[str, str],
+    experiment: Any = None,
+    status_code: int = 200,
+) -> Response:
+    return render(
+        request,
+        "experiment_form.html",
+        {
+            "values": values,
+            "errors": errors,
+            "experiment": experiment,
+            "tasks": task_forms(),
+            "optimizers": [o.value for o in OptimizerName],
+            "overlaps": [o.value for o in Overlap],
+            "aggregations": [a.value for a in Aggregation],
+            "policies": [p.value for p in experiments.JoinPolicy],
+        },
+        user=user,
+        web=web,
+        status_code=status_code,
+    )
+
+
+@router.get("/")
+def index(request: Request, session: DB, user: PageUser, web: WebSess) -> Response:
+    return render(request, "index.html", {"experiments": experiments.list_visible(session, user)}, user=user, web=web)
+
+
+@router.get("/experiments/new")
+def new_experiment_page(request: Request, user: RequiredPageUser, web: WebSess) -> Response:
+    defaults = {
+        **TrainingSettings().model_dump(mode="json"),
+        "join_policy": "open",
+        "allowlist": [],
+        "max_peers_per_volunteer": experiments.DEFAULT_MAX_PEERS_PER_VOLUNTEER,
+        "aux_peer": True,  # the swarm's witness: without it no work counts as verified
+        "auto_remove_flags": 0,
+    }
+    return _form_page(request, user, web, values=defaults, errors={})
+
+
+@router.post("/experiments/new", dependencies=[CSRF])
+async def create_experiment(
+    request: Request, session: DB, settings: AppSettings, user: RequiredPageUser, web: WebSess
+) -> Response:
+    data, errors = await _experiment_form(request)
+    try:
+        body = experiments.ExperimentCreate.model_validate(data)
+    except ValidationError as exc:
+        errors = {**form_errors(exc), **errors}
+        if any(key.startswith("param.") for key in errors):
+            errors.pop("task_params", None)  # already shown next to each parameter
+        return _form_page(request, user, web, values=data, errors=errors, status_code=422)
+    if errors:
+        return _form_page(request, user, web, values=data, errors=errors, status_code=422)
+    try:
+        quotas.check_create(session, settings, user)
+        experiment = experiments.create(session, user, body)
+    except AppError as exc:
+        return _form_page(
+            request, user, web, values=data, errors={exc.field or "form": exc.message}, status_code=exc.status_code
+        )
+    return see_other(f"/experiments/{experiment.slug}")
+
+
+def _dashboard(
+    request: Request,
+    session: DB,
+    settings: AppSettings,
+    experiment: Any,
+    user: Any,
+    web: Any,
+    *,
+    corpus_error: dict[str, str] | None = None,
+    status_code: int = 200,
+) -> Response:
+    can_manage = experiments.can_manage(experiment, user)
+    needs_corpus = experiments.needs_corpus(experiment)
+    context = {
+        "experiment": experiment,
+        "can_manage": can_manage,
+        "banned": experiments.banned_usernames(session, experiment) if can_manage else [],
+        "actions": [a for a, (src, _) in experiments.TRANSITIONS.items() if experiment.status in src],
+        "needs_corpus": needs_corpus,
+        "keeps_checkpoints": experiments.keeps_checkpoints(experiment),
+        "kept_checkpoints": [  # newest first
+            c for c in reversed(training_data.checkpoints(session, experiment, limit=50)) if c.downloadable
+        ]
+        if can_manage
+        else [],
+        "corpus": session.get(Corpus, experiment.id) if needs_corpus else None,
+        "corpus_sources": training_data.sources(settings)
+        if can_manage and experiments.needs_corpus(experiment)
+        else [],
+        "corpus_limit_mb": settings.corpus_max_mb,
+        "corpus_error": corpus_error or {},
+        "corpus_defaults": training_data.CorpusOptions(),
+    }
+    return render(request, "dashboard.html", context, user=user, web=web, status_code=status_code)
+
+
+@router.get("/experiments/{slug}")
+def dashboard(
+    request: Request, slug: str, session: DB, settings: AppSettings, user: PageUser, web: WebSess
+) -> Response:
+    experiment = experiments.get_visible(session, slug, user)
+    return _dashboard(request, session, settings, experiment, user, web)
+
+
+@router.post("/experiments/{slug}/corpus", dependencies=[CSRF, limited("corpus")])
+async def set_corpus(
+    request: Request, slug: str, session: DB, settings: AppSettings, user: RequiredPageUser, web: WebSess
+) -> Response:
+    """The organizer's training-text form: an upload or a text the server offers, prepared before answering."""
+    experiment = experiments.get_managed(session, slug, user)
+    form = await request.form()
+    upload = form.get("file")
+    source = form.get("source")
+    try:
+        options = training_data.CorpusOptions.model_validate(
+            {k: form.get(k) for k in ("vocab_size", "seq_length") if form.get(k) not in (None, "")}
+        )
+        await data.set_corpus_from_form(
+            session,
+            settings,
+            experiment,
+            user,
+            upload if isinstance(upload, UploadFile) else None,
+            source if isinstance(source, str) and source else None,
+            options,
+        )
+    except ValidationError as exc:
+        session.rollback()
+        return _dashboard(
+            request, session, settings, experiment, user, web, corpus_error=form_errors(exc), status_code=422
+        )
+    except AppError as exc:
+        session.rollback()
+        errors = {exc.field or "file": exc.message}
+        return _dashboard(
+            request, session, settings, experiment, user, web, corpus_error=errors, status_code=exc.status_code
+        )
+    return see_other(f"/experiments/{experiment.slug}#training-data")
+
+
+@router.get("/experiments/{slug}/edit")
+def edit_experiment_page(request: Request, slug: str, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+    experiment = experiments.get_managed(session, slug, user)
+    values = experiments.to_public(experiment).model_dump(mode="json")
+    return _form_page(request, user, web, values=values, errors={}, experiment=experiment)
+
+
+@router.post("/experiments/{slug}/edit", dependencies=[CSRF])
+async def edit_experiment(
+    request: Request, slug: str, session: DB, settings: AppSettings, user: RequiredPageUser, web: WebSess
+) -> Response:
+    experiment = experiments.get_managed(session, slug, user)
+    data, errors = await _experiment_form(request)
+    data.pop("slug", None)  # the slug is the experiment's address: it never changes
+    values = {**data, "slug": experiment.slug}
+    if not errors:
+        try:
+            changes = experiments.ExperimentUpdate.model_validate(data)
+            quotas.check_update(session, settings, experiment, user, changes)
+            experiments.update(session, experiment, changes)
+        except ValidationError as exc:
+            errors = form_errors(exc)
+        except AppError as exc:
+            errors = {exc.field or "form": exc.message}
+    if errors:
+        session.rollback()
+        return _form_page(request, user, web, values=values, errors=errors, experiment=experiment, status_code=422)
+    return see_other(f"/experiments/{experiment.slug}")
+
+
+@router.post("/experiments/{slug}/status", dependencies=[CSRF])
+async def change_status(
+    request: Request, slug: str, session: DB, settings: AppSettings, user: RequiredPageUser
+) -> Response:
+    form = await request.form()
+    action = str(form.get("action", ""))
+    if action not in experiments.TRANSITIONS:
+        raise AppError(f"unknown action {action!r}", field="action")
+    experiment = experiments.get_managed(session, slug, user)
+    quotas.check_status_change(session, settings, experiment, user, action)
+    experiments.change_status(session, experiment, action)
+    request.app.state.reconcile_soon()
+    return see_other(f"/experiments/{slug}")
+
+
+@router.post("/experiments/{slug}/rollback", dependencies=[CSRF])
+async def roll_back(
+    request: Request, slug: str, session: DB, user: RequiredPageUser, tasks: BackgroundTasks
+) -> Response:
+    """Restore a kept checkpoint as the swarm's state, from the experiment's page (``server/rollback.py``)."""
+    form = await request.form()
+    experiment = experiments.get_managed(session, slug, user)
+    try:
+        epoch = int(str(form.get("epoch", "")))
+    except ValueError:
+        raise AppError("choose one of the kept checkpoints", field="epoch") from None
+    rollback.request(session, experiment, epoch)
+    tasks.add_task(request.app.state.reconcile_soon)  # after the commit: the reconcile reads the request
+    return see_other(f"/experiments/{slug}")
+
+
+@router.post("/experiments/{slug}/bans", dependencies=[CSRF])
+async def change_ban(request: Request, slug: str, session: DB, user: RequiredPageUser) -> Response:
+    """Remove a volunteer (or let them back in) from the experiment's page."""
+    form = await request.form()
+    experiment = experiments.get_managed(session, slug, user)
+    username = str(form.get("username", "")).strip()[:32]
+    if form.get("action") == "unban":
+        experiments.unban(session, experiment, username)
+    else:
+        experiments.ban(session, experiment, username)
+    request.app.state.reconcile_soon()
+    return see_other(f"/experiments/{slug}")
+
+
+@router.get("/experiments/{slug}/invite/{code}")
+def invite_page(request: Request, slug: str, code: str, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+    """The invite link asks before it makes anyone a volunteer: a link opened from another site changes nothing."""
+    experiment = experiments.invited(session, slug, code[:64])
+    if experiments.is_member(session, experiment, user):
+        return see_other(f"/experiments/{experiment.slug}")
+    return render(request, "invite.html", {"experiment": experiment, "code": code[:64]}, user=user, web=web)
+
+
+@router.post("/experiments/{slug}/invite/{code}", dependencies=[CSRF])
+def accept_invite(slug: str, code: str, session: DB, user: RequiredPageUser) -> Response:
+    experiment = experiments.accept_invite(session, slug, code[:64], user)
+    return see_other(f"/experiments/{experiment.slug}?joined=1")
