@@ -2,9 +2,9 @@
 one kept build.
 
 ``bench/queries.py`` times one version of the code, and this shared machine's speed drifts by up to 2x within an
-hour, so two of its runs do not compare two versions. This loads ``server/metrics.py`` of ``--baseline`` (a
-commit) beside the checkout's, checks that both give the same results, and times them interleaved (alternating
-which goes first), each call in its own session as a request has. Needs the database a
+hour, so two of its runs do not compare two versions. This loads the metrics code (``server/metrics/``) of
+``--baseline`` (a commit) beside the checkout's, checks that both give the same results, and times them
+interleaved (alternating which goes first), each call in its own session as a request has. Needs the database a
 ``bench/queries.py --keep`` run left.
 
     .venv/bin/python bench/queries.py --only leaderboard --keep     # once: builds swarmhub_bench_queries
@@ -37,13 +37,32 @@ from queries import ROOT, WINDOW, p95  # noqa: E402
 
 
 def baseline_module(commit: str) -> Any:
-    source = subprocess.run(
-        ["git", "show", f"{commit}:server/metrics.py"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / "baseline_metrics.py"
-    path.write_text(source)
+    """``commit``'s metrics code, loaded beside the checkout's: its ``server/metrics/`` package, or before that
+    its ``server/metrics.py``."""
+
+    def show(path: str) -> str:
+        return subprocess.run(
+            ["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", commit, "server/metrics/"], cwd=ROOT, capture_output=True, text=True
+    )
+    package = [name for name in listed.stdout.split() if name.endswith(".py")]
+    folder = Path(tempfile.mkdtemp()) / "baseline_metrics"
+    if package:
+        folder.mkdir(parents=True)
+        for name in package:
+            (folder / Path(name).name).write_text(show(name))
+        location, search = folder / "__init__.py", [str(folder)]
+    else:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        location, search = folder.with_suffix(".py"), None
+        location.write_text(show("server/metrics.py"))
     # Loaded as a module of the server package, so that its relative imports resolve to this checkout's.
-    spec = importlib.util.spec_from_file_location("swarmhub.server._baseline_metrics", path)
+    spec = importlib.util.spec_from_file_location(
+        "swarmhub.server._baseline_metrics", location, submodule_search_locations=search
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -53,7 +72,7 @@ def baseline_module(commit: str) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", required=True, help="the commit to compare with (its server/metrics.py)")
+    parser.add_argument("--baseline", required=True, help="the commit to compare with (its server/metrics/)")
     parser.add_argument("--url", default="postgresql+psycopg://postgres@127.0.0.1:5432/swarmhub_bench_queries")
     parser.add_argument("--runs", type=int, default=120, help="timed calls of each version per page")
     args = parser.parse_args()

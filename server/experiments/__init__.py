@@ -1,0 +1,91 @@
+"""Experiments: create, edit, move through draft -> running -> paused -> finished, list, join. The fields as the
+API takes and shows them (:mod:`.schemas`), the experiments themselves (:mod:`.lifecycle`), who takes part
+(:mod:`.membership`) and their peers' swarm tokens (:mod:`.admission`); their public names are reachable here,
+as ``experiments.X``."""
+
+from __future__ import annotations
+
+from ..models import Experiment  # callers name the model as experiments.Experiment
+from .admission import MIN_PEER_KEY_BITS, PeerKey, check_peer_key, experiment_public_key, peer_key, swarm_token
+from .lifecycle import (
+    TRANSITIONS,
+    by_run_id,
+    can_manage,
+    can_view,
+    change_status,
+    create,
+    get_managed,
+    get_visible,
+    keeps_checkpoints,
+    list_visible,
+    needs_corpus,
+    run_id,
+    running,
+    update,
+)
+from .membership import (
+    accept_invite,
+    ban,
+    banned_usernames,
+    check_joinable,
+    invited,
+    is_banned,
+    is_member,
+    start_worker_run,
+    unban,
+)
+from .schemas import (
+    DEFAULT_MAX_PEERS_PER_VOLUNTEER,
+    TRAINING_FIELDS,
+    ExperimentCreate,
+    ExperimentFields,
+    ExperimentPublic,
+    ExperimentUpdate,
+    JoinPolicy,
+    StatusChange,
+    to_config,
+    to_public,
+)
+
+__all__ = [
+    "DEFAULT_MAX_PEERS_PER_VOLUNTEER",
+    "Experiment",
+    "MIN_PEER_KEY_BITS",
+    "TRAINING_FIELDS",
+    "TRANSITIONS",
+    "ExperimentCreate",
+    "ExperimentFields",
+    "ExperimentPublic",
+    "ExperimentUpdate",
+    "JoinPolicy",
+    "PeerKey",
+    "StatusChange",
+    "accept_invite",
+    "ban",
+    "banned_usernames",
+    "by_run_id",
+    "can_manage",
+    "can_view",
+    "change_status",
+    "check_joinable",
+    "check_peer_key",
+    "create",
+    "experiment_public_key",
+    "get_managed",
+    "get_visible",
+    "invited",
+    "is_banned",
+    "is_member",
+    "keeps_checkpoints",
+    "list_visible",
+    "needs_corpus",
+    "peer_key",
+    "run_id",
+    "running",
+    "start_worker_run",
+    "swarm_token",
+    "to_config",
+    "to_public",
+    "unban",
+    "update",
+]

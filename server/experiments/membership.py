@@ -1,0 +1,106 @@
+"""Who takes part in an experiment: the join policy (open, invite, allowlist) and invitations, the volunteers an
+organizer removed (bans), and the worker runs of those who joined."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from swarmhub.worker.protocol import ExperimentStatus
+
+from ..accounts import user_named
+from ..errors import Conflict, Forbidden, NotFound, Removed
+from ..models import Experiment, ExperimentBan, ExperimentMember, User, WorkerRun
+from .lifecycle import _by_slug, can_manage
+from .schemas import JoinPolicy
+
+
+def check_joinable(session: Session, experiment: Experiment, user: User) -> None:
+    """Raise unless ``user`` may join ``experiment`` now (removed, not invited or listed, not running)."""
+    _check_may_join(session, experiment, user)
+    if experiment.status != ExperimentStatus.running:
+        raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
+
+
+def start_worker_run(session: Session, experiment: Experiment, user: User, device: str) -> WorkerRun:
+    check_joinable(session, experiment, user)
+    worker = WorkerRun(id=uuid.uuid4().hex, experiment_id=experiment.id, user_id=user.id, device=device)
+    session.add(worker)
+    session.flush()
+    return worker
+
+
+def banned_usernames(session: Session, experiment: Experiment) -> list[str]:
+    stmt = (
+        select(User.username)
+        .join(ExperimentBan, ExperimentBan.user_id == User.id)
+        .where(ExperimentBan.experiment_id == experiment.id)
+        .order_by(User.username)
+    )
+    return list(session.scalars(stmt))
+
+
+def is_banned(session: Session, experiment: Experiment, user: User) -> bool:
+    stmt = select(ExperimentBan.id).where(
+        ExperimentBan.experiment_id == experiment.id, ExperimentBan.user_id == user.id
+    )
+    return session.scalar(stmt) is not None
+
+
+def ban(session: Session, experiment: Experiment, username: str) -> None:
+    """Remove a volunteer: no more tokens from now on, and every peer refuses them once it polls."""
+    user = user_named(session, username)
+    if user is None:
+        raise NotFound(f"no user {username!r}", field="username")
+    if user.id == experiment.owner_id:
+        raise Conflict("the organizer cannot remove themselves", field="username")
+    if not is_banned(session, experiment, user):
+        session.add(ExperimentBan(experiment_id=experiment.id, user_id=user.id))
+        session.flush()
+
+
+def unban(session: Session, experiment: Experiment, username: str) -> None:
+    user = user_named(session, username)
+    if user is not None:
+        session.execute(
+            delete(ExperimentBan).where(ExperimentBan.experiment_id == experiment.id, ExperimentBan.user_id == user.id)
+        )
+
+
+def _check_may_join(session: Session, experiment: Experiment, user: User) -> None:
+    if is_banned(session, experiment, user):
+        raise Removed(f"you were removed from {experiment.slug!r} by its organizer")
+    if can_manage(experiment, user) or experiment.join_policy == JoinPolicy.open:
+        return
+    if experiment.join_policy == JoinPolicy.allowlist and user.username not in (experiment.allowlist or []):
+        raise Forbidden(f"{experiment.slug!r} takes only the volunteers its organizer listed: ask them to add you")
+    if experiment.join_policy == JoinPolicy.invite and not is_member(session, experiment, user):
+        raise Forbidden(f"{experiment.slug!r} takes volunteers by invitation: open the invite link from its organizer")
+
+
+def is_member(session: Session, experiment: Experiment, user: User) -> bool:
+    stmt = select(ExperimentMember.id).where(
+        ExperimentMember.experiment_id == experiment.id, ExperimentMember.user_id == user.id
+    )
+    return session.scalar(stmt) is not None
+
+
+def invited(session: Session, slug: str, code: str) -> Experiment:
+    """The experiment the invite link is for, or 404 when the link is not (or no longer) its own."""
+    experiment = _by_slug(session, slug)
+    # Compared as bytes: compare_digest raises TypeError on str with non-ASCII characters.
+    if experiment is None or not secrets.compare_digest(experiment.invite_code.encode(), code.encode()):
+        raise NotFound("this invite link is not valid: ask the organizer for a new one")
+    return experiment
+
+
+def accept_invite(session: Session, slug: str, code: str, user: User) -> Experiment:
+    """The signed-in volunteer who confirms the invite link becomes a volunteer of the experiment."""
+    experiment = invited(session, slug, code)
+    if not is_member(session, experiment, user):
+        session.add(ExperimentMember(experiment_id=experiment.id, user_id=user.id))
+        session.flush()
+    return experiment

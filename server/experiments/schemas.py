@@ -1,0 +1,202 @@
+"""An experiment's fields as the API takes and shows them: what an organizer may set (validated against the
+task), the partial edit, the public view, and the training configuration workers get."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
+
+from swarmhub.worker.protocol import (
+    SLUG_RE,
+    Aggregation,
+    ExperimentConfig,
+    ExperimentStatus,
+    ExperimentSummary,
+    OptimizerName,
+    Overlap,
+    TrainingSettings,
+)
+from swarmhub.worker.tasks import UnknownTask, get_task
+
+from ..accounts import USERNAME_RE
+from ..models import Experiment
+from ..security import StoredText
+
+TRAINING_FIELDS = tuple(TrainingSettings.model_fields)
+DEFAULT_MAX_PEERS_PER_VOLUNTEER = 4
+
+
+def _check_task_params(task: str, params: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return get_task(task).Params.model_validate(params).model_dump()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "task_params"
+        raise ValueError(f"{where}: {first['msg']}") from None
+
+
+class JoinPolicy(str, Enum):
+    open = "open"  # anyone signed in
+    invite = "invite"  # volunteers who opened the experiment's invite link
+    allowlist = "allowlist"  # the usernames listed by the organizer
+
+
+class ExperimentFields(TrainingSettings):
+    title: StoredText = Field(min_length=1, max_length=120)
+    description: StoredText = Field(default="", max_length=5000)
+    task_params: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+    join_policy: JoinPolicy = JoinPolicy.open
+    allowlist: list[str] = Field(default_factory=list, max_length=10_000)
+    aux_peer: bool = Field(
+        default=True,
+        description="The server runs an auxiliary peer that helps average (no gradients of its own) and witnesses "
+        "every averaging round: only rounds it witnessed count as verified work",
+    )
+    checkpoint_minutes: float = Field(
+        default=10.0,
+        ge=0.1,
+        le=10_080,
+        description="How often the server saves the swarm's model and measures its held-out loss "
+        "(tasks that keep checkpoints)",
+    )
+    max_peers_per_volunteer: int = Field(
+        default=DEFAULT_MAX_PEERS_PER_VOLUNTEER,
+        ge=1,
+        le=64,
+        description="How many peers one volunteer may run in the swarm at once: peer keys with a valid swarm token",
+    )
+    auto_remove_flags: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Remove a volunteer once the server's peers flagged their peers this many times (non-finite "
+        "gradients, an epoch ahead of the swarm, a poisoned state); 0: never",
+    )
+
+    @field_validator("allowlist", mode="before")
+    @classmethod
+    def _usernames(cls, value: Any) -> Any:
+        if isinstance(value, str):  # the form's textarea: names separated by spaces, commas or lines
+            value = [name for name in value.replace(",", " ").split() if name]
+        if isinstance(value, list):
+            for name in value:
+                if not isinstance(name, str) or not USERNAME_RE.match(name):
+                    raise ValueError(f"{name!r} is not a username")
+            return sorted(set(value))
+        return value
+
+    @field_validator("title")
+    @classmethod
+    def _strip(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("title must not be blank")
+        return value.strip()
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        try:
+            get_task(value)
+        except UnknownTask as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("task_params")
+    @classmethod
+    def _task_params(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "task" not in info.data:
+            return value  # the task itself is wrong; that error names the field
+        return _check_task_params(info.data["task"], value)
+
+
+class ExperimentCreate(ExperimentFields):
+    slug: str = Field(min_length=3, max_length=50, description="lowercase letters, digits and '-'")
+
+    @field_validator("slug")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not SLUG_RE.match(value):
+            raise ValueError("use 3-50 lowercase letters, digits and '-', not starting or ending with '-'")
+        return value
+
+
+class ExperimentUpdate(BaseModel):
+    """A partial edit. Bounds are checked once, on the merged result, by ``ExperimentFields``."""
+
+    model_config = {"extra": "forbid"}
+
+    title: str | None = None
+    description: str | None = None
+    task: str | None = None
+    task_params: dict[str, Any] | None = None
+    optimizer: OptimizerName | None = None
+    learning_rate: float | None = None
+    target_batch_size: int | None = None
+    matchmaking_time: float | None = None
+    averaging_timeout: float | None = None
+    overlap: Overlap | None = None
+    aggregation: Aggregation | None = None
+    aux_peer: bool | None = None
+    checkpoint_minutes: float | None = None
+    max_peers_per_volunteer: int | None = None
+    auto_remove_flags: int | None = None
+    join_policy: JoinPolicy | None = None
+    allowlist: list[str] | str | None = None
+
+
+class ExperimentPublic(ExperimentSummary):
+    task_params: dict[str, Any]
+    optimizer: OptimizerName
+    learning_rate: float
+    target_batch_size: int
+    matchmaking_time: float
+    averaging_timeout: float
+    overlap: Overlap
+    aggregation: Aggregation
+    aux_peer: bool
+    checkpoint_minutes: float
+    max_peers_per_volunteer: int
+    auto_remove_flags: int
+    join_policy: JoinPolicy
+    updated_at: datetime
+
+
+class StatusChange(BaseModel):
+    action: str = Field(pattern="^(start|pause|finish)$")
+
+
+def to_public(experiment: Experiment) -> ExperimentPublic:
+    return ExperimentPublic(
+        slug=experiment.slug,
+        title=experiment.title,
+        description=experiment.description,
+        status=ExperimentStatus(experiment.status),
+        owner=experiment.owner.username,
+        task=experiment.task,
+        task_params=experiment.task_params,
+        optimizer=OptimizerName(experiment.optimizer),
+        learning_rate=experiment.learning_rate,
+        target_batch_size=experiment.target_batch_size,
+        matchmaking_time=experiment.matchmaking_time,
+        averaging_timeout=experiment.averaging_timeout,
+        overlap=Overlap(experiment.overlap),
+        aggregation=Aggregation(experiment.aggregation),
+        aux_peer=experiment.aux_peer,
+        checkpoint_minutes=experiment.checkpoint_minutes,
+        max_peers_per_volunteer=experiment.max_peers_per_volunteer,
+        auto_remove_flags=experiment.auto_remove_flags,
+        join_policy=JoinPolicy(experiment.join_policy),
+        created_at=experiment.created_at,
+        updated_at=experiment.updated_at,
+    )
+
+
+def to_config(experiment: Experiment) -> ExperimentConfig:
+    return ExperimentConfig(
+        slug=experiment.slug,
+        title=experiment.title,
+        **{name: getattr(experiment, name) for name in TRAINING_FIELDS},
+    )

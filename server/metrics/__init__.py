@@ -1,0 +1,55 @@
+"""Metric ingestion and what dashboards show: the write path (:mod:`.store`), the leaderboard (:mod:`.board`),
+and the summary and loss/throughput series (:mod:`.dashboard`). Their public names are reachable here, as
+``metrics.X``; ``metrics.utcnow`` is the package's clock (see :func:`.common.current_time`)."""
+
+from __future__ import annotations
+
+from ..models import utcnow
+from .board import (
+    CLAIM_SLACK,
+    KEYS_ONLY_FROM,
+    LEADERBOARD_LIMIT,
+    LEADERBOARD_MAX_LIMIT,
+    LEADERBOARD_MAX_OFFSET,
+    SIGNED_FACTOR,
+    THROUGHPUT_FACTOR,
+    Cursor,
+    LeaderboardEntry,
+    LeaderboardPage,
+    TotalRow,
+    device_classes_of,
+    leaderboard,
+    leaderboard_page,
+)
+from .common import BUCKET_WIDTHS, among, device_class
+from .dashboard import SERIES_POINTS, MetricsPublic, SeriesPoint, Summary, series, summary
+from .store import ingest, ingest_many
+
+__all__ = [
+    "BUCKET_WIDTHS",
+    "CLAIM_SLACK",
+    "KEYS_ONLY_FROM",
+    "LEADERBOARD_LIMIT",
+    "LEADERBOARD_MAX_LIMIT",
+    "LEADERBOARD_MAX_OFFSET",
+    "SERIES_POINTS",
+    "SIGNED_FACTOR",
+    "THROUGHPUT_FACTOR",
+    "Cursor",
+    "LeaderboardEntry",
+    "LeaderboardPage",
+    "MetricsPublic",
+    "SeriesPoint",
+    "Summary",
+    "TotalRow",
+    "among",
+    "device_class",
+    "device_classes_of",
+    "ingest",
+    "ingest_many",
+    "leaderboard",
+    "leaderboard_page",
+    "series",
+    "summary",
+    "utcnow",
+]

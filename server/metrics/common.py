@@ -1,0 +1,46 @@
+"""What the metrics modules share: the Core tables they read and write, the buckets' widths, the server clock."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import Table, any_, bindparam
+from sqlalchemy.dialects.postgresql import ARRAY
+
+from ..models import ExperimentTotal, MetricBucket, MetricPoint, User, VolunteerTotal, WorkerRun
+
+# The series' resolutions in seconds, finest first: 300 buckets show 50 minutes, or 25 hours.
+BUCKET_WIDTHS = (10, 300)
+
+# Core tables for the batch's statements: plain rows and bound parameters, no ORM bookkeeping per row
+_POINTS = cast(Table, MetricPoint.__table__)
+_BUCKETS = cast(Table, MetricBucket.__table__)
+_RUNS = cast(Table, WorkerRun.__table__)
+_VOLUNTEERS = cast(Table, VolunteerTotal.__table__)
+_TOTALS = cast(Table, ExperimentTotal.__table__)
+_USERS = cast(Table, User.__table__)
+
+
+def current_time() -> datetime:
+    """The server clock: ``utcnow`` as the package holds it at the call, so that setting ``metrics.utcnow`` (as
+    tests and benchmarks do) moves the clock of every module of the package."""
+    from .. import metrics  # the package, which imports this module
+
+    return metrics.utcnow()
+
+
+def among(column: Any, values: Any, dialect: str) -> Any:
+    """``column IN values``; on PostgreSQL as ``column = ANY(array)``: one parameter instead of one per value,
+    so the statement's text (and its parse in the driver and the database) is the same for any number."""
+    if dialect == "postgresql":
+        return column == any_(bindparam(None, list(values), type_=ARRAY(column.type)))
+    return column.in_(values)
+
+
+def _active_since(window_seconds: int) -> datetime:
+    return current_time() - timedelta(seconds=window_seconds)
+
+
+def device_class(device: str) -> str:
+    return device.split(":", 1)[0].lower() or "cpu"
