@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from swarmhub.worker.client import ExitCode, WorkerError
+from swarmhub.worker.client import ApiClient, ExitCode, WorkerError
 from swarmhub.worker.data import RemoteCorpus
 from swarmhub.worker.safe_paths import UnsafePath, confined, file_name_problem, write_file
 from swarmhub.worker.transport import on_this_machine, require_encryption
@@ -56,12 +56,14 @@ class Hostile:
         self.manifest: dict[str, Any] = manifest(["shards/00000.npy"])
         self.data_path: str | None = None  # None: the experiment's own data path
         self.downloads: list[str] = []
+        self.shard_turn: Any = {"index": 0}
         self.app = Starlette(
             routes=[
                 Route("/api/me", self.me),
                 Route("/api/experiments/{slug}/join", self.join, methods=["POST"]),
                 Route("/api/experiments/{slug}/data/manifest", self.data_manifest),
                 Route("/api/experiments/{slug}/data/files/{name:path}", self.data_file),
+                Route("/api/experiments/{slug}/data/next-shard", self.next_shard, methods=["POST"]),
                 Route("/elsewhere/{rest:path}", self.elsewhere, methods=["GET", "POST"]),
             ]
         )
@@ -94,6 +96,9 @@ class Hostile:
     async def data_file(self, request: Request) -> Response:
         self.downloads.append(request.path_params["name"])
         return Response(PAYLOAD)
+
+    async def next_shard(self, request: Request) -> Response:
+        return JSONResponse(self.shard_turn)
 
     async def elsewhere(self, request: Request) -> Response:
         self.downloads.append(str(request.url))
@@ -133,6 +138,23 @@ def refused_in_one_line(done: subprocess.CompletedProcess[str], sent: str) -> st
 
 
 # -- a hostile server's manifest ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("turn", [{"index": "../x"}, {"index": -1}, {"index": 2**40}, {}, ["0"]])
+def test_a_malformed_shard_turn_is_refused_in_one_line(hostile, turn):
+    """The next shard's index comes from the server: anything but a small whole number is refused, never used."""
+    server, live = hostile
+    server.shard_turn = turn
+    client = ApiClient(live.url, "shb_volunteer")
+    try:
+        with pytest.raises(WorkerError) as refused:
+            client.next_shard(SLUG, f"/api/experiments/{SLUG}/data")
+        assert refused.value.exit_code == ExitCode.UNREACHABLE and "Unexpected answer" in str(refused.value)
+        server.shard_turn = {"index": 3}
+        assert client.next_shard(SLUG, f"/api/experiments/{SLUG}/data") == 3
+    finally:
+        server.shard_turn = {"index": 0}
+        client.close()
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,7 @@ from .protocol import (
     Me,
     ProbeInfo,
     ReachabilityResult,
+    ShardTurn,
     SwarmToken,
     SwarmTokenRequest,
     TokenResponse,
@@ -349,7 +350,7 @@ class ApiClient:
     def next_shard(self, slug: str, data_path: str) -> int:
         response = self._send("POST", f"{data_path}/next-shard", auth=True)
         self._raise_data_status(response, slug)
-        return int(response.json()["index"])
+        return self._parse(ShardTurn, response).index
 
     def _raise_data_status(self, response: httpx.Response, slug: str) -> None:
         if response.status_code == 409:  # not running, or no text yet

@@ -219,6 +219,12 @@ class ProbeInfo(BaseModel):
     client_host: str = Field(description="The address this request came from, as the server sees it")
 
 
+class ShardTurn(BaseModel):
+    """The corpus shard a volunteer's peer trains on next (``POST /api/experiments/{slug}/data/next-shard``)."""
+
+    index: int = Field(ge=0, le=2**31, description="The shard's place in the manifest's list of shards")
+
+
 class UploadResult(BaseModel):
     """`POST /api/probe/upload`: how many bytes arrived and how long receiving them took."""
 

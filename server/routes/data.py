@@ -8,8 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, BackgroundTasks, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
-from pydantic import BaseModel
 from starlette.datastructures import UploadFile as StarletteUploadFile
+
+from swarmhub.worker.protocol import ShardTurn
 
 from .. import experiments, quotas, rollback, training_data
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser
@@ -27,10 +28,6 @@ UPLOAD_OVERHEAD = 64 * 1024
 def _printable(name: str) -> str:
     """A file name as the page shows it: no control characters (PostgreSQL text cannot hold a NUL), bounded."""
     return "".join(c if c.isprintable() else "?" for c in name)[:200]
-
-
-class ShardTurn(BaseModel):
-    index: int
 
 
 async def set_corpus_from_form(
