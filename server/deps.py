@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -22,14 +22,32 @@ def get_settings(request: Request) -> Settings:
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    """The request's unit of work: committed once when the route returns, rolled back on any error."""
+    """The request's unit of work: committed once when the route returns, rolled back on any error. What a route
+    registered with :func:`after_commit` runs once the commit is done, and never after a rollback."""
     with request.app.state.sessionmaker() as session:
         try:
             yield session
             session.commit()
         except BaseException:
+            session.info.pop(AFTER_COMMIT, None)
             session.rollback()
             raise
+        for action in session.info.pop(AFTER_COMMIT, []):
+            action()
+
+
+AFTER_COMMIT = "swarmhub.after_commit"
+
+
+def after_commit(session: Session, action: Callable[[], object]) -> None:
+    """Run ``action`` once ``session`` (a request's unit of work) has committed: a side effect that reads what the
+    request wrote (the swarm's reconcile, for one) must not run before it is there."""
+    session.info.setdefault(AFTER_COMMIT, []).append(action)
+
+
+def reconcile_after_commit(request: Request, session: Session) -> None:
+    """The swarm's reconcile (start, stop, deny-list, rollback), woken once this request's changes are committed."""
+    after_commit(session, request.app.state.reconcile_soon)
 
 
 # scope="function": commit before the response is sent. With FastAPI's default ("request") the commit ran

@@ -25,7 +25,7 @@ from swarmhub.worker.protocol import (
 )
 
 from .. import accounts, device, experiments, leases, metrics, quotas
-from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token
+from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token, reconcile_after_commit
 from ..errors import BadRequest, Unavailable, documented
 from ..ratelimit import limited, limited_per_account
 from ..security import StoredText
@@ -198,7 +198,7 @@ def change_status(
     experiment = experiments.get_managed(session, slug, user)
     quotas.check_status_change(session, settings, experiment, user, body.action)
     experiment = experiments.change_status(session, experiment, body.action)
-    request.app.state.reconcile_soon()
+    reconcile_after_commit(request, session)
     return experiments.to_public(experiment)
 
 
@@ -279,14 +279,14 @@ class BanRequest(BaseModel):
 def ban_volunteer(slug: str, body: BanRequest, session: DB, user: CurrentUser, request: Request) -> Response:
     """Remove a volunteer from the experiment (organizer only)."""
     experiments.ban(session, experiments.get_managed(session, slug, user), body.username)
-    request.app.state.reconcile_soon()  # the server's peer gets the new deny-list at once
+    reconcile_after_commit(request, session)  # the server's peer gets the new deny-list at once
     return Response(status_code=204)
 
 
 @router.delete("/experiments/{slug}/bans/{username}", status_code=204)
 def unban_volunteer(slug: str, username: StoredText, session: DB, user: CurrentUser, request: Request) -> Response:
     experiments.unban(session, experiments.get_managed(session, slug, user), username)
-    request.app.state.reconcile_soon()
+    reconcile_after_commit(request, session)
     return Response(status_code=204)
 
 

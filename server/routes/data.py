@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, File, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from starlette.datastructures import UploadFile as StarletteUploadFile
@@ -13,7 +13,7 @@ from starlette.datastructures import UploadFile as StarletteUploadFile
 from swarmhub.worker.protocol import ShardTurn
 
 from .. import experiments, quotas, rollback, training_data
-from ..deps import DB, AppSettings, CurrentUser, OptionalUser
+from ..deps import DB, AppSettings, CurrentUser, OptionalUser, reconcile_after_commit
 from ..errors import BadRequest, documented
 from ..models import User
 from ..ratelimit import limited
@@ -124,13 +124,13 @@ def list_checkpoints(slug: str, session: DB, user: OptionalUser) -> list[trainin
 
 @router.post("/experiments/{slug}/rollback", response_model=rollback.RollbackAccepted, status_code=202)
 def roll_back(
-    slug: str, body: rollback.RollbackRequest, session: DB, user: CurrentUser, tasks: BackgroundTasks, request: Request
+    slug: str, body: rollback.RollbackRequest, session: DB, user: CurrentUser, request: Request
 ) -> rollback.RollbackAccepted:
     """Restore a kept checkpoint as the swarm's state (organizer only): the server's checkpoint peer shares it,
     and every peer loads it at its next read of the swarm's progress. 400 for a step with no kept checkpoint or a
     task that keeps none, 409 for an experiment that is neither running nor paused."""
     accepted = rollback.request(session, experiments.get_managed(session, slug, user), body.epoch)
-    tasks.add_task(request.app.state.reconcile_soon)  # after the commit: the reconcile reads the request
+    reconcile_after_commit(request, session)  # the reconcile reads the request
     return accepted
 
 

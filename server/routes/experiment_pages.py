@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import BackgroundTasks, Request
+from fastapi import Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
@@ -15,7 +15,7 @@ from swarmhub.worker.protocol import Aggregation, OptimizerName, Overlap, Traini
 from swarmhub.worker.tasks import available_tasks, get_task
 
 from .. import experiments, quotas, rollback, training_data
-from ..deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser
+from ..deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser, reconcile_after_commit
 from ..errors import AppError
 from ..models import Corpus
 from ..ratelimit import limited
@@ -287,14 +287,12 @@ async def change_status(
     experiment = experiments.get_managed(session, slug, user)
     quotas.check_status_change(session, settings, experiment, user, action)
     experiments.change_status(session, experiment, action)
-    request.app.state.reconcile_soon()
+    reconcile_after_commit(request, session)
     return see_other(f"/experiments/{slug}")
 
 
 @router.post("/experiments/{slug}/rollback", dependencies=[CSRF])
-async def roll_back(
-    request: Request, slug: str, session: DB, user: RequiredPageUser, tasks: BackgroundTasks
-) -> Response:
+async def roll_back(request: Request, slug: str, session: DB, user: RequiredPageUser) -> Response:
     """Restore a kept checkpoint as the swarm's state, from the experiment's page (``server/rollback.py``)."""
     form = await request.form()
     experiment = experiments.get_managed(session, slug, user)
@@ -303,7 +301,7 @@ async def roll_back(
     except ValueError:
         raise AppError("choose one of the kept checkpoints", field="epoch") from None
     rollback.request(session, experiment, epoch)
-    tasks.add_task(request.app.state.reconcile_soon)  # after the commit: the reconcile reads the request
+    reconcile_after_commit(request, session)  # the reconcile reads the request
     return see_other(f"/experiments/{slug}")
 
 
@@ -317,7 +315,7 @@ async def change_ban(request: Request, slug: str, session: DB, user: RequiredPag
         experiments.unban(session, experiment, username)
     else:
         experiments.ban(session, experiment, username)
-    request.app.state.reconcile_soon()
+    reconcile_after_commit(request, session)
     return see_other(f"/experiments/{slug}")
 
 

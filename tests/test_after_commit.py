@@ -1,0 +1,53 @@
+"""A route's side effects run after its unit of work commits: the swarm's reconcile, woken by a status change or a
+removal, reads from its own session what the request wrote, and is not woken by a request that failed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+
+from swarmhub.server.models import Experiment, ExperimentBan
+
+from .conftest import api_token, make_experiment, make_user
+
+
+def watch_reconcile(app: Any) -> list[dict[str, Any]]:
+    """What each wake-up of the reconcile finds in the database, read as the reconcile reads it (its own session)."""
+    seen: list[dict[str, Any]] = []
+
+    def reconcile_soon() -> None:
+        with app.state.sessionmaker() as session:
+            experiment = session.scalar(select(Experiment).where(Experiment.slug == "watched"))
+            bans = session.scalars(select(ExperimentBan).where(ExperimentBan.experiment_id == experiment.id)).all()
+            seen.append({"status": experiment.status, "bans": len(bans)})
+
+    app.state.reconcile_soon = reconcile_soon
+    return seen
+
+
+def test_the_reconcile_reads_what_the_request_committed(app, client, db):
+    owner = make_user(db, "olga")
+    make_user(db, "mallory")
+    make_experiment(db, owner, slug="watched")
+    headers = api_token(client, "olga")
+    seen = watch_reconcile(app)
+
+    started = client.post("/api/experiments/watched/status", headers=headers, json={"action": "start"})
+    assert started.status_code == 200, started.text
+    assert seen == [{"status": "running", "bans": 0}]
+
+    removed = client.post("/api/experiments/watched/bans", headers=headers, json={"username": "mallory"})
+    assert removed.status_code == 204, removed.text
+    assert seen[-1] == {"status": "running", "bans": 1}
+
+
+def test_a_failed_request_wakes_no_reconcile(app, client, db):
+    owner = make_user(db, "olga")
+    make_experiment(db, owner, slug="watched")
+    headers = api_token(client, "olga")
+    seen = watch_reconcile(app)
+    # a status change the experiment cannot make: 409, nothing written, nothing woken
+    finished = client.post("/api/experiments/watched/status", headers=headers, json={"action": "pause"})
+    assert finished.status_code == 409, finished.text
+    assert seen == []
