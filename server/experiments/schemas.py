@@ -5,18 +5,15 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import Any, Optional
 
-from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator
 
 from swarmhub.worker.protocol import (
     SLUG_RE,
-    Aggregation,
     ExperimentConfig,
     ExperimentStatus,
     ExperimentSummary,
-    OptimizerName,
-    Overlap,
     TrainingSettings,
 )
 from swarmhub.worker.tasks import UnknownTask, get_task
@@ -123,39 +120,32 @@ class ExperimentCreate(ExperimentFields):
         return value
 
 
-class ExperimentUpdate(BaseModel):
+def _optional_fields() -> dict[str, Any]:
+    """Every field an organizer sets (``ExperimentFields``), each optional and unset by default: the partial edit
+    takes the same settings as creation without listing them again."""
+    fields: dict[str, Any] = {
+        name: (Optional[field.annotation], None)  # noqa: UP045 - an annotation object, not a written type
+        for name, field in ExperimentFields.model_fields.items()
+    }
+    fields["allowlist"] = (list[str] | str | None, None)  # the form's textarea sends one string
+    return fields
+
+
+_UpdateFields: type[BaseModel] = create_model(
+    "ExperimentUpdateFields", __config__=ConfigDict(extra="forbid"), **_optional_fields()
+)
+
+
+class ExperimentUpdate(_UpdateFields):  # type: ignore[misc, valid-type]
     """A partial edit. Bounds are checked once, on the merged result, by ``ExperimentFields``."""
 
-    model_config = {"extra": "forbid"}
 
-    title: str | None = None
-    description: str | None = None
-    task: str | None = None
-    task_params: dict[str, Any] | None = None
-    optimizer: OptimizerName | None = None
-    learning_rate: float | None = None
-    target_batch_size: int | None = None
-    matchmaking_time: float | None = None
-    averaging_timeout: float | None = None
-    overlap: Overlap | None = None
-    aggregation: Aggregation | None = None
-    aux_peer: bool | None = None
-    checkpoint_minutes: float | None = None
-    max_peers_per_volunteer: int | None = None
-    auto_remove_flags: int | None = None
-    join_policy: JoinPolicy | None = None
-    allowlist: list[str] | str | None = None
+class ExperimentPublic(ExperimentSummary, TrainingSettings):
+    """An experiment as ``GET /api/experiments/{slug}`` shows it: its summary, its training settings (one
+    definition, ``TrainingSettings``) and the organizer's other settings."""
 
+    model_config = ConfigDict(extra="ignore")
 
-class ExperimentPublic(ExperimentSummary):
-    task_params: dict[str, Any]
-    optimizer: OptimizerName
-    learning_rate: float
-    target_batch_size: int
-    matchmaking_time: float
-    averaging_timeout: float
-    overlap: Overlap
-    aggregation: Aggregation
     aux_peer: bool
     checkpoint_minutes: float
     max_peers_per_volunteer: int
@@ -175,15 +165,7 @@ def to_public(experiment: Experiment) -> ExperimentPublic:
         description=experiment.description,
         status=ExperimentStatus(experiment.status),
         owner=experiment.owner.username,
-        task=experiment.task,
-        task_params=experiment.task_params,
-        optimizer=OptimizerName(experiment.optimizer),
-        learning_rate=experiment.learning_rate,
-        target_batch_size=experiment.target_batch_size,
-        matchmaking_time=experiment.matchmaking_time,
-        averaging_timeout=experiment.averaging_timeout,
-        overlap=Overlap(experiment.overlap),
-        aggregation=Aggregation(experiment.aggregation),
+        **{name: getattr(experiment, name) for name in TRAINING_FIELDS},
         aux_peer=experiment.aux_peer,
         checkpoint_minutes=experiment.checkpoint_minutes,
         max_peers_per_volunteer=experiment.max_peers_per_volunteer,
