@@ -145,12 +145,9 @@ class Keeper:
         target = max(int(opt.local_epoch), int(opt.tracker.global_epoch)) + ROLLBACK_EPOCH_MARGIN
         self._load(opt, model, folder)
         averager = opt.state_averager
-        step = schedule_step(averager)  # the checkpoint's place in the learning-rate schedule
+        step = averager.schedule_step  # the checkpoint's place in the learning-rate schedule
         averager.local_epoch = target
-        if hasattr(averager, "set_schedule_offset"):  # the schedule continues from the checkpoint's step
-            averager.set_schedule_offset(target - step)
-        else:
-            averager._update_scheduler()
+        averager.take_schedule_offset(target - step)  # the schedule continues from the checkpoint's step
         averager.state_sharing_priority = target
         opt.tracker.report_local_progress(target, 0)
         self._announce_until = time.monotonic() + ANNOUNCE_SECONDS
@@ -193,11 +190,7 @@ class Keeper:
         opt.load_state_dict(state["optimizer"])  # sets the local epoch too
         if not averager.reuse_tensors:  # hivemind averages its own copies of the tensors too
             averager._load_local_tensors_into_averager_()
-        offset = state.get("schedule_offset", 0)
-        if hasattr(averager, "set_schedule_offset") and isinstance(offset, int) and 0 <= offset <= opt.local_epoch:
-            averager.set_schedule_offset(offset)
-        else:
-            averager._update_scheduler()
+        averager.take_schedule_offset(state.get("schedule_offset", 0))
         averager.state_sharing_priority = opt.local_epoch  # newcomers load the newest state first
         opt.tracker.report_local_progress(opt.local_epoch, 0)  # the swarm's step is this one now
         self.saved_epoch = opt.local_epoch
@@ -226,10 +219,9 @@ class Keeper:
                 for path in sorted((tmp / "model").rglob("*")):
                     if path.is_file():
                         archive.write(path, path.relative_to(tmp / "model").as_posix())
-            step = schedule_step(opt.state_averager)
-            offset = epoch - step
+            step = opt.state_averager.schedule_step
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch}
-            torch.save({**state, "schedule_offset": offset}, tmp / "state.pt")
+            torch.save({**state, "schedule_offset": epoch - step}, tmp / "state.pt")
             info = {
                 "epoch": epoch,
                 "schedule_step": step,
@@ -246,11 +238,6 @@ class Keeper:
         loss = eval_loss if eval_loss is None or eval_loss == eval_loss else None  # NaN is not JSON
         event = {"event": "checkpoint", "epoch": epoch, "eval_loss": loss, "folder": f"{self.run_id}/{name}"}
         _emit({**event, "restored_from": restored_from} if restored_from is not None else event)
-
-
-def schedule_step(averager: Any) -> int:
-    """Where the learning-rate schedule is: the epoch less the swarm's schedule offset (after a rollback)."""
-    return int(getattr(averager, "schedule_step", averager.local_epoch))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,10 +3,13 @@ removal, reads from its own session what the request wrote, and is not woken by 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
+from swarmhub.server.deps import after_commit, get_session
 from swarmhub.server.models import Experiment, ExperimentBan
 
 from .conftest import api_token, make_experiment, make_user
@@ -42,12 +45,27 @@ def test_the_reconcile_reads_what_the_request_committed(app, client, db):
     assert seen[-1] == {"status": "running", "bans": 1}
 
 
-def test_a_failed_request_wakes_no_reconcile(app, client, db):
+def test_an_action_runs_after_the_commit_and_never_after_a_rollback(app, db):
+    """The request's unit of work itself (``deps.get_session``): what a route registered runs once the commit is
+    done, and is dropped when the route fails after registering it."""
     owner = make_user(db, "olga")
     make_experiment(db, owner, slug="watched")
-    headers = api_token(client, "olga")
     seen = watch_reconcile(app)
-    # a status change the experiment cannot make: 409, nothing written, nothing woken
-    finished = client.post("/api/experiments/watched/status", headers=headers, json={"action": "pause"})
-    assert finished.status_code == 409, finished.text
-    assert seen == []
+    request = SimpleNamespace(app=app)
+
+    work = get_session(request)
+    session = next(work)
+    session.scalar(select(Experiment).where(Experiment.slug == "watched")).status = "running"
+    after_commit(session, app.state.reconcile_soon)
+    assert seen == []  # not before the commit
+    with pytest.raises(StopIteration):
+        next(work)  # the route returned: commit, then the actions
+    assert seen == [{"status": "running", "bans": 0}]
+
+    work = get_session(request)
+    session = next(work)
+    session.scalar(select(Experiment).where(Experiment.slug == "watched")).status = "paused"
+    after_commit(session, app.state.reconcile_soon)
+    with pytest.raises(RuntimeError):
+        work.throw(RuntimeError("the route failed"))
+    assert seen == [{"status": "running", "bans": 0}]  # rolled back: nothing written, nothing woken

@@ -53,7 +53,7 @@ def test_a_downloaded_state_brings_its_schedule_offset(served, taken):
         holder = make_peer(first, run_id, torch.nn.Linear(4, 2))
         averager = holder.state_averager
         averager.local_epoch = 30
-        averager.set_schedule_offset(20)
+        assert averager.take_schedule_offset(20)
         assert averager.schedule_step == 10
         assert rate(holder) == pytest.approx(0.5 * schedule(10))
         averager.schedule_offset = served  # what this peer serves to newcomers, valid or not

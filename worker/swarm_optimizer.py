@@ -65,19 +65,21 @@ class SwarmStateAverager(TrainingStateAverager, _KeepsLoadedMetadata):  # type: 
         metadata = self.loaded_metadata
         if not isinstance(metadata, dict) or metadata.get("epoch") != self.local_epoch or self.local_epoch < epoch:
             return  # nothing loaded (hivemind refuses a state older than this peer's)
-        offset = metadata.get("schedule_offset", 0)
-        if isinstance(offset, int) and not isinstance(offset, bool) and 0 <= offset <= self.local_epoch:
-            self.set_schedule_offset(offset)
-        else:
-            logger.warning("ignored a state's schedule offset %.50r", offset)
+        if not self.take_schedule_offset(metadata.get("schedule_offset", 0)):
+            logger.warning("ignored a state's schedule offset %.50r", metadata.get("schedule_offset"))
 
-    def set_schedule_offset(self, offset: int) -> None:
-        self.schedule_offset = int(offset)
+    def take_schedule_offset(self, offset: Any) -> bool:
+        """Set the offset when it is a whole number from 0 to this peer's epoch (a state's, or a checkpoint's);
+        whether it was taken. The schedule follows either way."""
+        valid = isinstance(offset, int) and not isinstance(offset, bool) and 0 <= offset <= self.local_epoch
+        if valid:
+            self.schedule_offset = offset
         self._update_scheduler()
+        return valid
 
     @property
     def schedule_step(self) -> int:
-        return max(int(self.local_epoch) - int(self.schedule_offset), 0)
+        return max(self.local_epoch - self.schedule_offset, 0)
 
     def _update_scheduler(self) -> None:
         """Set the schedule to ``schedule_step``: forward as hivemind steps it, and back after a rollback (a
@@ -96,7 +98,6 @@ class SwarmStateAverager(TrainingStateAverager, _KeepsLoadedMetadata):  # type: 
             group["lr"] = rate
         scheduler.last_epoch = step
         scheduler._last_lr = rates
-        scheduler._step_count = max(scheduler._step_count, int(self.local_epoch) + 1)
 
 
 class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]

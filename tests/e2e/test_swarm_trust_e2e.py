@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,6 +35,7 @@ SLUG = "open-digits"
 FORGER = """
 import json, sys, time
 from pathlib import Path
+from typing import Any
 import hivemind
 from hivemind.dht.schema import RSASignatureValidator, SchemaValidator
 from hivemind.optim.progress_tracker import LocalTrainingProgress, TrainingProgressSchema
@@ -102,36 +104,47 @@ def volunteer_env(tmp: Path, name: str, url: str, token: str) -> dict[str, str]:
     return env
 
 
+def start_open_digits(url: str, organizer: dict[str, str], **settings: Any) -> None:
+    """The organizer creates and starts the open digits experiment (the server's witness on, its default)."""
+    created = httpx.post(
+        f"{url}/api/experiments",
+        headers=organizer,
+        json={
+            "slug": SLUG,
+            "title": "Open digits",
+            "task": "digits",
+            "task_params": {"hidden_size": 64, "batch_size": 32},
+            "target_batch_size": 128,
+            "matchmaking_time": 2.0,
+            "averaging_timeout": 20.0,
+            "learning_rate": 0.003,
+            **settings,
+        },
+    )
+    assert created.status_code == 201, created.text
+    assert created.json()["aux_peer"] is True  # the witness runs by default
+    started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
+    assert started.json()["status"] == "running"
+
+
+def start_volunteers(url: str, tmp: Path, *volunteers: tuple[str, str | None]) -> list[tuple[str, Any, Any]]:
+    """Each (name, script) signs up and runs `swarmhub join` for 1.5 min: the real CLI, or ``script`` (a patched
+    worker that calls it)."""
+    workers = []
+    for name, script in volunteers:
+        env = volunteer_env(tmp, name, url, signup(url, name))
+        out = open(tmp / f"{name}.out", "wb")  # noqa: SIM115 - closed by wait_volunteers
+        command = ["join", SLUG, "--max-minutes", "1.5", "--listen", "/ip4/127.0.0.1/tcp/0"]
+        argv = [sys.executable, "-c", script, *command] if script else [*SWARMHUB, *command]
+        workers.append((name, out, subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)))
+    return workers
+
+
 def test_forged_records_earn_nothing_and_flagged_volunteers_are_removed(tmp_path):
     with running_server(tmp_path) as (url, _):
         organizer = {"Authorization": f"Bearer {signup(url, 'organizer')}"}
-        created = httpx.post(
-            f"{url}/api/experiments",
-            headers=organizer,
-            json={
-                "slug": SLUG,
-                "title": "Open digits",
-                "task": "digits",
-                "task_params": {"hidden_size": 64, "batch_size": 32},
-                "target_batch_size": 128,
-                "matchmaking_time": 2.0,
-                "averaging_timeout": 20.0,
-                "learning_rate": 0.003,
-                "auto_remove_flags": 1,
-            },
-        )
-        assert created.status_code == 201, created.text
-        assert created.json()["aux_peer"] is True  # the witness runs by default
-        started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
-        assert started.json()["status"] == "running"
-
-        workers = []
-        for name, script in (("ada", None), ("nina", NAN_WORKER)):
-            env = volunteer_env(tmp_path, name, url, signup(url, name))
-            out = open(tmp_path / f"{name}.out", "wb")  # noqa: SIM115 - closed by wait_volunteers
-            command = ["join", SLUG, "--max-minutes", "1.5", "--listen", "/ip4/127.0.0.1/tcp/0"]
-            argv = [sys.executable, "-c", script, *command] if script else [*SWARMHUB, *command]
-            workers.append((name, out, subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)))
+        start_open_digits(url, organizer, auto_remove_flags=1)
+        workers = start_volunteers(url, tmp_path, ("ada", None), ("nina", NAN_WORKER))
 
         # mallory: a valid account and a valid token for her own key, through the public API
         from swarmhub.worker import swarm_access
@@ -212,30 +225,8 @@ def test_a_huge_claimed_weight_earns_no_more_than_the_honest_peer_and_is_flagged
     over the same minutes, and the server's witness flags her for the organizer."""
     with running_server(tmp_path) as (url, _):
         organizer = {"Authorization": f"Bearer {signup(url, 'organizer')}"}
-        created = httpx.post(
-            f"{url}/api/experiments",
-            headers=organizer,
-            json={
-                "slug": SLUG,
-                "title": "Open digits",
-                "task": "digits",
-                "task_params": {"hidden_size": 64, "batch_size": 32},
-                "target_batch_size": 128,
-                "matchmaking_time": 2.0,
-                "averaging_timeout": 20.0,
-                "learning_rate": 0.003,
-            },
-        )
-        assert created.status_code == 201, created.text
-        started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
-        assert started.json()["status"] == "running"
-        workers = []
-        for name, script in (("ada", None), ("vera", OVERCLAIMER)):
-            env = volunteer_env(tmp_path, name, url, signup(url, name))
-            out = open(tmp_path / f"{name}.out", "wb")  # noqa: SIM115 - closed by wait_volunteers
-            command = ["join", SLUG, "--max-minutes", "1.5", "--listen", "/ip4/127.0.0.1/tcp/0"]
-            argv = [sys.executable, "-c", script, *command] if script else [*SWARMHUB, *command]
-            workers.append((name, out, subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)))
+        start_open_digits(url, organizer)
+        workers = start_volunteers(url, tmp_path, ("ada", None), ("vera", OVERCLAIMER))
         seen_children, outputs = wait_volunteers(workers, tmp_path)
         time.sleep(5)  # the monitor's last read of the witness's rounds
         board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard", headers=organizer).json()
