@@ -114,11 +114,15 @@ def bounded_progress(
     distrusted: frozenset[str] = frozenset(),
     partners: frozenset[str] | None = None,
 ) -> tuple[Any, int | None, list[str]]:
-    """``metadata`` without the records whose epoch is past :func:`epoch_bound` (and without records of peers
-    not on the roster, or ``distrusted``); the bound; the peer IDs whose records were dropped for their epoch.
+    """``metadata`` without the records whose epoch is past the bound (and without records of peers not on the
+    roster, or ``distrusted``); the bound; the peer IDs whose records were dropped for their epoch.
+
+    The bound is one past the larger of this peer's epoch and the hub's vote (the largest epoch its peers' records
+    state) where the server's peers are in the swarm, and :func:`epoch_bound` (the other accounts' median) where
+    they are not: with two forging accounts of three, the median is a forged epoch; the hub's is not.
 
     With ``partners`` (the peers this one averaged with lately, see ``robust.partners``), a peer already in the
-    swarm follows a record at the bound itself (one past both its own epoch and the other accounts' median) only
+    swarm follows a record at the bound itself (one past both its own epoch and the hub's vote, or the median) only
     from a partner or the server's peers: an honest peer gets there by completing a round, usually with this one,
     while a peer that only publishes records one epoch ahead would otherwise make this peer skip to that epoch
     (and drop the gradients it accumulated) every time it does."""
@@ -128,8 +132,16 @@ def bounded_progress(
         names = {peer: name for peer, name in names.items() if peer not in distrusted}
     entries = progress_entries(metadata, names)
     voters = [(name, epoch) for _, name, epoch, client in entries if not client]
-    bound = epoch_bound(voters, own_username, own_epoch)
-    median = median_vote(voters, own_username)
+    server = swarm_access.SERVER_PEER_USERNAME
+    hub = [epoch for name, epoch in voters if name == server] if own_username != server else []
+    if hub:
+        # The hub's vote stands for the others': its witness states the epoch its partners reached by completing
+        # rounds with it (``witness.Witness.swarm_epoch``), which no number of forging accounts moves.
+        median = max(hub)
+        bound: int | None = max(own_epoch, median) + 1
+    else:
+        bound = epoch_bound(voters, own_username, own_epoch)
+        median = median_vote(voters, own_username)
     kept: dict[Any, Any] = {}
     ahead = []
     for subkey, name, epoch, _ in entries:

@@ -29,6 +29,7 @@ KEEP_FLAGS = 64
 REPUBLISH_SECONDS = 60.0  # unchanged records are stored again before they expire (RECORD_SECONDS)
 RECORD_SECONDS = 600.0
 PRESENT_SECONDS = 15.0  # how often the witness re-stores its progress record (hivemind's expire after 60 s)
+EPOCH_READ_SECONDS = 1.0  # how often it reads the swarm's records for the epoch it states
 _QUEUE: Any = None  # averager processes -> the peer's main process; made before hivemind forks
 
 
@@ -63,28 +64,39 @@ class Witness:
         self.flags: deque[dict[str, Any]] = deque(maxlen=KEEP_FLAGS)
         self._stored_at = 0.0
         self._present_at = 0.0
+        self._present_epoch: int | None = None
+        self._epoch_read_at = -PRESENT_SECONDS
 
     def keep_present(self, tracker: Any) -> None:
         """Keep a progress record of this peer in the swarm (epoch: the swarm's, no samples), as a trainer's.
 
         hivemind's auxiliary peers publish none, so a volunteer training alone would see no other peer and never
         start an averaging round, and no round of theirs would be witnessed. With this record it averages with
-        the witness. Stored every PRESENT_SECONDS; it expires after hivemind's metadata expiration.
+        the witness. Stored when the epoch it states changes (read at most every EPOCH_READ_SECONDS) and every
+        PRESENT_SECONDS; it expires after hivemind's metadata expiration.
 
-        Its epoch is the lower median of the volunteers' votes (:meth:`swarm_epoch`), not this peer's tracker's
-        (the largest any record states): the server's peers are a vote every volunteer counts, and restating a
-        forger's record one epoch ahead would lend it that vote, epoch after epoch."""
+        Volunteers bound the epochs they follow by this record's (``swarm_epoch.bounded_progress``), so it states
+        what completed rounds show (:meth:`swarm_epoch`), never the tracker's epoch (the largest any record
+        states): restating a forger's record one epoch ahead would lend it the hub's vote, epoch after epoch."""
         from .swarm_epoch import store_presence
 
-        if time.monotonic() - self._present_at < PRESENT_SECONDS:
+        now = time.monotonic()
+        if now - self._epoch_read_at < EPOCH_READ_SECONDS:
             return
-        if store_presence(self.dht, tracker, self.swarm_epoch(tracker)):
-            self._present_at = time.monotonic()
+        self._epoch_read_at = now
+        epoch = self.swarm_epoch(tracker)
+        if epoch == self._present_epoch and now - self._present_at < PRESENT_SECONDS:
+            return
+        if store_presence(self.dht, tracker, epoch):
+            self._present_at, self._present_epoch = now, epoch
 
     def swarm_epoch(self, tracker: Any) -> int:
-        """The lower median of the other accounts' votes, as the roster and this peer's flags let it read them
-        (the tracker's epoch without a roster, or with no other account in the swarm)."""
-        from .swarm_epoch import median_vote, progress_entries
+        """The lower median of the votes (each account's largest epoch) of the volunteers this peer completed a
+        gradient round with lately (``robust.partners``, less the distrusted): an honest peer reaches an epoch by
+        completing rounds, which this peer takes part in, while a peer that only publishes records never becomes
+        a partner. Before any round, the lower median of all the other accounts' votes; the tracker's epoch
+        without a roster, or with no other account in the swarm."""
+        from .swarm_epoch import median_vote, owner_peer_id, progress_entries
 
         if self.roster is None:
             return int(tracker.global_epoch)
@@ -92,9 +104,17 @@ class Witness:
         gone = robust.distrusted()
         names = {peer: name for peer, name in self.roster.usernames().items() if peer not in gone}
         entries = progress_entries(found.value if found is not None else None, names)
-        median = median_vote(
-            [(name, epoch) for _, name, epoch, client in entries if not client], swarm_access.SERVER_PEER_USERNAME
-        )
+        server = swarm_access.SERVER_PEER_USERNAME
+        partners = robust.partners()
+        votes = [(name, epoch) for subkey, name, epoch, client in entries if not client]
+        with_partners = [
+            (name, epoch)
+            for subkey, name, epoch, client in entries
+            if not client and owner_peer_id(subkey) in partners
+        ]
+        median = median_vote(with_partners, server)
+        if median is None:
+            median = median_vote(votes, server)
         return int(tracker.global_epoch) if median is None else median
 
     def publish(self, epoch: int) -> None:
