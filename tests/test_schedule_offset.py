@@ -74,3 +74,50 @@ def test_a_downloaded_state_brings_its_schedule_offset(served, taken):
                 opt.shutdown()
         second.shutdown()
         first.shutdown()
+
+
+def test_plain_hivemind_peers_and_swarmhub_peers_download_each_others_state():
+    """The state is served under hivemind's own RPC names: a peer of another swarmhub version (or hivemind's
+    own optimizer) downloads a swarmhub peer's state, and the other way round."""
+    import hivemind
+
+    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    second = hivemind.DHT(
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[str(a) for a in first.get_visible_maddrs()], start=True
+    )
+    run_id = f"wire-{abs(hash(first.peer_id.to_base58()))}"
+    ours = plain = None
+    try:
+        ours = make_peer(first, run_id, torch.nn.Linear(4, 2))
+        ours.state_averager.local_epoch = 12
+        ours.state_averager.state_sharing_priority = 12
+        plain = hivemind.Optimizer(
+            dht=second,
+            run_id=run_id,
+            params=torch.nn.Linear(4, 2).parameters(),
+            optimizer=partial(torch.optim.SGD, lr=0.5),
+            scheduler=partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=schedule),
+            batch_size_per_step=8,
+            target_batch_size=64,
+            matchmaking_time=0.5,
+            averaging_timeout=5.0,
+            verbose=False,
+        )
+        for _ in range(10):  # the holder's priority reaches the DHT within a moment
+            plain.state_averager.load_state_from_peers(timeout=10)
+            if plain.local_epoch == 12:
+                break
+        assert plain.local_epoch == 12  # hivemind's peer took swarmhub's state
+        plain.state_averager.local_epoch = 40
+        plain.state_averager.state_sharing_priority = 40
+        for _ in range(10):
+            ours.state_averager.load_state_from_peers(timeout=10)
+            if ours.local_epoch == 40:
+                break
+        assert ours.local_epoch == 40  # and swarmhub's took hivemind's
+    finally:
+        for opt in (ours, plain):
+            if opt is not None:
+                opt.shutdown()
+        second.shutdown()
+        first.shutdown()

@@ -54,6 +54,13 @@ class SwarmStateAverager(TrainingStateAverager, _KeepsLoadedMetadata):  # type: 
     schedule_offset = 0
     loaded_metadata: Any = None
 
+    @classmethod
+    def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
+        """hivemind names each RPC after the servicer's class: this one serves and asks for the state under
+        ``TrainingStateAverager``'s names, so that peers of other swarmhub versions, and hivemind's own, download
+        each other's state."""
+        return str(TrainingStateAverager._get_handle_name(namespace, method_name))
+
     def get_current_state(self) -> Any:
         metadata, tensors, infos = super().get_current_state()
         return {**metadata, "schedule_offset": self.schedule_offset}, tensors, infos
