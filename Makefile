@@ -44,7 +44,7 @@ server: setup
 	$(BIN)/swarmhub server
 
 test: setup setup-browser
-	SWARMHUB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest
+	SWARMHUB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest --durations=10
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not e2e and not browser and not swarm"

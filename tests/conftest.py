@@ -1,5 +1,8 @@
-"""Shared fixtures: the suite runs on SQLite and on PostgreSQL (127.0.0.1:5432), migrated once per
-database per session, with every table emptied after each test so that assertions can be exact."""
+"""Shared fixtures. Database tests run on SQLite, the default database; a module whose behaviour can differ
+between the databases (dialect-specific SQL, locks, collation, migrations) is marked ``both_databases`` and runs on
+PostgreSQL (127.0.0.1:5432) too. ``--all-databases`` (or ``SWARMHUB_TEST_ALL_DATABASES=1``) runs every database
+test on both. Each database is migrated once per session, and every table is emptied after each test so that
+assertions can be exact."""
 
 from __future__ import annotations
 
@@ -47,7 +50,29 @@ def _prepare_postgres(url: str) -> str:
     return url
 
 
-@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--all-databases", action="store_true", help="run every database test on PostgreSQL as well as SQLite"
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "both_databases: behaviour can differ between SQLite and PostgreSQL: run on both"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``database_url`` is SQLite, and PostgreSQL too for ``both_databases`` tests (or with ``--all-databases``)."""
+    if "database_url" not in metafunc.fixturenames:
+        return
+    everything = metafunc.config.getoption("--all-databases") or os.environ.get("SWARMHUB_TEST_ALL_DATABASES") == "1"
+    both = everything or metafunc.definition.get_closest_marker("both_databases") is not None
+    kinds = ["sqlite", "postgresql"] if both else ["sqlite"]
+    metafunc.parametrize("database_url", kinds, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
 def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'test.db'}"

@@ -12,6 +12,8 @@ from swarmhub.worker.cli import main
 
 from .conftest import PASSWORD, api_token, csrf_from, make_user
 
+pytestmark = pytest.mark.both_databases  # case-insensitive unique usernames are an expression index
+
 NEW_PASSWORD = "a-new-long-password"
 
 

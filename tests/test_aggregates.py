@@ -19,6 +19,8 @@ from swarmhub.worker.protocol import MetricReport
 
 from .conftest import api_token, make_experiment, make_user
 
+pytestmark = pytest.mark.both_databases  # running totals are upserts, per dialect
+
 WINDOW = 60
 
 

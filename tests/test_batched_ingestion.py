@@ -24,6 +24,8 @@ from swarmhub.worker.protocol import MetricReport
 
 from .conftest import make_experiment, make_user
 
+pytestmark = pytest.mark.both_databases  # ingestion uses COPY and array updates on PostgreSQL
+
 
 def report(seq: int, samples: int, loss: float = 2.0) -> MetricReport:
     return MetricReport(seq=seq, step=seq, epoch=1, samples=samples, loss=loss, samples_per_second=10.0, peers=3)

@@ -12,6 +12,8 @@ from swarmhub.server.models import User, VolunteerTotal
 
 from .conftest import make_experiment, make_user
 
+pytestmark = pytest.mark.both_databases  # the leaderboard's order depends on collation
+
 # (name, verified, claimed): ties on verified, on verified and claimed, and names that differ only in case order
 BOARD = [
     ("zed", 50, 10),

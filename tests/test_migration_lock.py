@@ -7,11 +7,14 @@ import subprocess
 import sys
 import time
 
+import pytest
 import sqlalchemy as sa
 
 from swarmhub.server.db import make_engine
 
 from .conftest import POSTGRES_URL, _prepare_postgres
+
+pytestmark = pytest.mark.both_databases  # the migration lock is a database lock
 
 MIGRATE_AT = """
 import sys, time

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -12,6 +13,8 @@ from alembic.migration import MigrationContext
 
 from swarmhub.server.db import alembic_config, make_engine
 from swarmhub.server.models import Base, Experiment, MetricPoint, User, WorkerRun
+
+pytestmark = pytest.mark.both_databases  # migrations run on both databases' DDL
 
 
 def test_migrations_match_models(database_url):

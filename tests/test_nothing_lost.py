@@ -18,6 +18,8 @@ from swarmhub.worker.reporter import Reporter
 
 from .conftest import LiveServer, free_port, make_experiment, make_user
 
+pytestmark = pytest.mark.both_databases  # exactly-once ingestion, per dialect
+
 MESSAGES = 60  # per worker, about 4 s of sending each phase
 
 

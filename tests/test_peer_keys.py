@@ -24,6 +24,8 @@ from swarmhub.worker.swarm_tokens import peer_id_for_public_key
 
 from .conftest import api_token, csrf_from, login, make_experiment, make_user
 
+pytestmark = pytest.mark.both_databases  # admission is an upsert, per dialect
+
 SLUG = "digits-run"
 KEYS = [RSAPrivateKey().get_public_key().to_bytes().decode() for _ in range(6)]  # 2048-bit, as workers make
 SMALL_KEY = (

@@ -17,6 +17,8 @@ from swarmhub.server.models import Corpus, Experiment
 from .conftest import api_token, login, make_experiment, make_user
 from .support import FORM, SMALL, corpora_on_disk, inline_errors
 
+pytestmark = pytest.mark.both_databases  # quota checks lock differently per dialect
+
 DIGITS = {"title": "Digits", "task": "digits", "task_params": {"hidden_size": 32}}
 
 

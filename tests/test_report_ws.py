@@ -19,6 +19,8 @@ from swarmhub.server.routes.ws import MAX_BURST, MAX_IN_FLIGHT, MAX_MESSAGES_PER
 from .conftest import api_token, make_experiment, make_user
 from .support import report, url, worker_run
 
+pytestmark = pytest.mark.both_databases  # ingestion, per dialect
+
 
 @pytest.fixture
 def swarm(client, db):

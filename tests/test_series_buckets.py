@@ -19,6 +19,8 @@ from swarmhub.worker.protocol import MetricReport
 
 from .conftest import make_experiment, make_user
 
+pytestmark = pytest.mark.both_databases  # bucket upserts, per dialect
+
 T0 = datetime(2026, 12, 1, 9, 0, 3, 250_000, tzinfo=timezone.utc)  # 3.25 s into a 10-second bucket
 
 

@@ -16,7 +16,7 @@ from swarmhub.server.app import RECONCILE_SECONDS, create_app
 
 from .conftest import LiveServer, free_port, make_experiment, make_user
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.both_databases]  # the lease is an upsert, per dialect
 
 
 def holder_of(db, run_id: str) -> tuple[str | None, list[str]]:

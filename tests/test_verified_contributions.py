@@ -17,6 +17,8 @@ from swarmhub.server.models import utcnow
 
 from .conftest import api_token, make_experiment, make_user
 
+pytestmark = pytest.mark.both_databases  # the ledger is an upsert, per dialect
+
 # A peer admitted as USERNAME that publishes one progress record signed by its own key. ``claim`` puts another
 # peer's ID in the record's body, as a cheat would; ``roster`` false leaves its token off the roster.
 PUBLISHER = """
