@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import training_data
+from . import corpus_upload, training_data
 from .errors import AppError, TooLarge
 from .routes.data import UPLOAD_OVERHEAD
 from .routes.probe import MAX_PROBE_BYTES
@@ -43,21 +43,24 @@ class Limit:
 def limit_for(settings: Settings, method: str, path: str) -> Limit:
     """The limit of a request's body, by its route."""
     if method in ("POST", "PUT") and CORPUS_UPLOAD.fullmatch(path):
-        mb = settings.corpus_max_mb
+        most = training_data.max_bytes(settings)
 
-        def upload(size: int | None) -> str:  # the upload route's own wording, as before this middleware
-            actual = f"{size / 2**20:.1f} MB" if size is not None else f"over {mb:g} MB"
-            return f"the upload is {actual}; this server takes training text up to {mb:g} MB (SWARMHUB_CORPUS_MAX_MB)"
+        def upload(size: int | None) -> str:  # sizes as the upload route states them (binary units)
+            actual = corpus_upload.size_text(size) if size is not None else f"over {corpus_upload.size_text(most)}"
+            return (
+                f"the upload is {actual}; this server takes training text up to {corpus_upload.size_text(most)}"
+                " (SWARMHUB_CORPUS_MAX_MB)"
+            )
 
         return Limit(training_data.max_bytes(settings) + UPLOAD_OVERHEAD, "file", upload)
     if path == UPLOAD_PROBE:
-        return Limit(MAX_PROBE_BYTES, "body", lambda _: f"an upload probe is at most {_mib(MAX_PROBE_BYTES)}")
+        return Limit(
+            MAX_PROBE_BYTES, "body", lambda _: f"an upload probe is at most {corpus_upload.size_text(MAX_PROBE_BYTES)}"
+        )
     max_bytes = int(settings.body_max_mb * 2**20)
-    return Limit(max_bytes, "body", lambda _: f"request body over {_mib(max_bytes)} (SWARMHUB_BODY_MAX_MB)")
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 1024:g} KiB"
+    return Limit(
+        max_bytes, "body", lambda _: f"request body over {corpus_upload.size_text(max_bytes)} (SWARMHUB_BODY_MAX_MB)"
+    )
 
 
 class _Over(Exception):

@@ -18,11 +18,18 @@ class CorpusError(ValueError):
 
 
 def size_text(n: int) -> str:
-    """``10 MB``, ``300 KB``, ``512 bytes`` (decimal units, as browsers and file managers show sizes)."""
-    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+    """``64 MiB``, ``292.97 KiB``, ``512 bytes``: binary units, as the server's limits are set (its ``*_MB``
+    settings count MiB), so that a size and a limit are always stated alike."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
-            return f"{n / scale:.1f}".removesuffix(".0") + f" {unit}"
-    return f"{n} bytes"
+            return f"{n / scale:.2f}".rstrip("0").rstrip(".") + f" {unit}"
+    return f"{n:,} bytes"
+
+
+def over_limit(size: int, limit: int) -> tuple[str, str]:
+    """A size and the limit it passes, as texts that differ (in bytes where the units would round them alike)."""
+    have, most = size_text(size), size_text(limit)
+    return (f"{size:,} bytes", f"{limit:,} bytes") if have == most else (have, most)
 
 
 # Leading bytes of files that people upload by mistake instead of text.
@@ -76,9 +83,8 @@ def read_upload(data: bytes, *, max_bytes: int, filename: str = "") -> str:
     empty, larger than ``max_bytes``, binary or not UTF-8."""
     name = f"{filename!r}" if filename else "The file"
     if len(data) > max_bytes:
-        raise CorpusError(
-            f"{name} is {size_text(len(data))}, larger than the limit of {size_text(max_bytes)}: upload a smaller one."
-        )
+        have, most = over_limit(len(data), max_bytes)
+        raise CorpusError(f"{name} is {have}, larger than the limit of {most}: upload a smaller one.")
     if not data.removeprefix(UTF8_BOM).strip():
         raise CorpusError(f"{name} is empty: upload a text file with the corpus in it.")
     for magic, kind in MAGIC:
@@ -117,7 +123,8 @@ def read_file(path: Path, *, max_bytes: int) -> str:
     try:
         size = path.stat().st_size
         if size > max_bytes:
-            raise CorpusError(f"{path} is {size_text(size)}, larger than the limit of {size_text(max_bytes)}.")
+            have, most = over_limit(size, max_bytes)
+            raise CorpusError(f"{path} is {have}, larger than the limit of {most}.")
         data = path.read_bytes()
     except OSError as error:
         raise CorpusError(f"Cannot read {path}: {error.strerror or error}.") from None

@@ -106,9 +106,9 @@ def test_a_huge_body_is_refused_before_it_is_read(hub, route, expected, with_len
 
     assert response.status_code == 413, response.text
     if upload:
-        size = "200.0 MB" if with_length else "over 8 MB"
+        size = "200 MiB" if with_length else "over 8 MiB"
         expected = {
-            "detail": f"the upload is {size}; this server takes training text up to 8 MB (SWARMHUB_CORPUS_MAX_MB)",
+            "detail": f"the upload is {size}; this server takes training text up to 8 MiB (SWARMHUB_CORPUS_MAX_MB)",
             "field": "file",
         }
     assert response.json() == expected

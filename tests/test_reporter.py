@@ -70,6 +70,28 @@ def test_reports_survive_a_server_restart_exactly_once(db, settings, joined):
     assert reporter.dropped == 0 and reporter.fatal is None
 
 
+def test_a_healthy_connection_that_drops_is_back_within_seconds_however_often_it_dropped(db, settings, joined):
+    """The backoff counts connections that ended without an ack: a worker whose network drops now and then (here
+    the server restarts five times) reconnects within seconds each time, not after 15-45 s once it has dropped
+    five times."""
+    worker_id, token = joined
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}/ws/experiments/reported/report?worker_id={worker_id}"
+    reporter = Reporter(url, token).start()
+    waits = []
+    try:
+        for seq in range(6):
+            with LiveServer(create_app(settings), port=port):
+                started = time.monotonic()
+                reporter.report(message(seq))
+                assert wait_for(lambda: reporter.pending == 0, timeout=60)
+                waits.append(time.monotonic() - started)
+    finally:
+        reporter.close(2)
+    assert stored_seqs(db) == list(range(6))
+    assert max(waits[1:]) < 12, waits  # each restart: the reporter's own backoff of 1-3 s, and the connect
+
+
 def test_revoked_token_is_fatal(db, app, live_server, joined):
     worker_id, token = joined
     with app.state.sessionmaker.begin() as session:

@@ -91,12 +91,12 @@ def test_bad_uploads_are_refused_and_leave_nothing(client, db, settings, data, s
 
 
 def test_an_upload_over_the_limit_is_refused_before_it_is_read(client, db, settings):
-    settings.corpus_max_mb = 0.05  # 52 KB
+    settings.corpus_max_mb = 0.05  # 51.2 KiB
     alice = make_user(db)
     albert(db, alice)
     response = put_text(client, api_token(client), b"word " * 30_000)  # 150 KB
     assert response.status_code == 413
-    assert response.json()["field"] == "file" and "0.05 MB" in response.json()["detail"]
+    assert response.json()["field"] == "file" and "up to 51.2 KiB" in response.json()["detail"]
     assert stored(db, "albert-run") is None and corpora_on_disk(settings) == []
 
 

@@ -103,6 +103,7 @@ class Reporter:
         self._control: Control | None = None
         self._fatal: WorkerError | None = None
         self._connected = False
+        self._acked = False  # whether the server acknowledged anything on the current connection
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -224,7 +225,7 @@ class Reporter:
             pass
 
     async def _run(self) -> None:
-        drops = 0  # consecutive connections that ended: their own jittered backoff
+        drops = 0  # consecutive connections that ended without an ack: their own jittered backoff
         try:
             async for ws in connect(
                 self.url,
@@ -234,17 +235,19 @@ class Reporter:
                 max_size=2**20,
             ):
                 self._connected = True
+                self._acked = False
                 try:
                     if await self._serve(ws):
                         return
-                    drops = 0
                 except ConnectionClosed as exc:
                     logger.info("report connection closed: %s", exc)
                 finally:
                     self._connected = False
                 if self._closing or self._removed:
                     return  # a removed volunteer's reports are refused: reconnecting would only delay the exit
-                drops += 1
+                # A connection the server acknowledged on was healthy: the backoff starts over, so that a worker
+                # whose network drops now and then reconnects within seconds however long it has run.
+                drops = 1 if self._acked else drops + 1
                 await asyncio.sleep(min(2.0**drops, 30.0) * random.uniform(0.5, 1.5))
         except (InvalidStatus, InvalidURI) as exc:
             logger.warning("metric reporting stopped: %s", exc)
@@ -298,6 +301,7 @@ class Reporter:
 
     def _on_ack(self, ack: Ack) -> None:
         # Acks are cumulative: the server handles one connection's messages in order.
+        self._acked = True
         with self._lock:
             while self._buffer and self._buffer[0][0] <= ack.seq:
                 self._buffer.popleft()

@@ -108,9 +108,7 @@ class Witness:
         partners = robust.partners()
         votes = [(name, epoch) for subkey, name, epoch, client in entries if not client]
         with_partners = [
-            (name, epoch)
-            for subkey, name, epoch, client in entries
-            if not client and owner_peer_id(subkey) in partners
+            (name, epoch) for subkey, name, epoch, client in entries if not client and owner_peer_id(subkey) in partners
         ]
         median = median_vote(with_partners, server)
         if median is None:

@@ -14,7 +14,7 @@ from starlette.datastructures import UploadFile
 from swarmhub.worker.protocol import Aggregation, OptimizerName, Overlap, TrainingSettings
 from swarmhub.worker.tasks import available_tasks, get_task
 
-from .. import experiments, quotas, rollback, training_data
+from .. import corpus_upload, experiments, quotas, rollback, training_data
 from ..deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser, reconcile_after_commit
 from ..errors import AppError
 from ..models import Corpus
@@ -195,7 +195,7 @@ def _dashboard(
         "corpus_sources": training_data.sources(settings)
         if can_manage and experiments.needs_corpus(experiment)
         else [],
-        "corpus_limit_mb": settings.corpus_max_mb,
+        "corpus_limit": corpus_upload.size_text(training_data.max_bytes(settings)),
         "corpus_error": corpus_error or {},
         "corpus_defaults": training_data.CorpusOptions(),
     }
