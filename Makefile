@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: setup setup-python setup-web setup-browser demo server test test-fast check clean
+.PHONY: setup setup-python setup-web setup-browser setup-faketime demo server test test-fast check clean
 
 setup: setup-python setup-web
 
@@ -37,13 +37,23 @@ setup-browser:
 	  fi; \
 	fi
 
+# The lease test runs a replica whose clock runs ahead under libfaketime (Debian's faketime).
+setup-faketime:
+	@if ! command -v faketime >/dev/null; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null; \
+	  else \
+	    echo "faketime is missing: run 'sudo apt-get install faketime'"; exit 1; \
+	  fi; \
+	fi
+
 demo: setup
 	$(BIN)/swarmhub demo
 
 server: setup
 	$(BIN)/swarmhub server
 
-test: setup setup-browser
+test: setup setup-browser setup-faketime
 	SWARMHUB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest --durations=10
 
 test-fast: setup

@@ -4,13 +4,17 @@ Every process's reconcile loop (every RECONCILE seconds) renews the leases it ho
 free or expired; a process that dies stops renewing, and another takes its experiments over once the lease
 expires: within LEASE_SECONDS + one reconcile interval. The holder also writes its bootstrap addresses and
 the swarm's peer count into the row, so that any process can answer a join.
+
+Lease times are read on the database's clock (:func:`db_now`), not each replica's: a replica whose clock runs
+ahead would otherwise see every other's lease as expired and take it, and one whose clock lags would hold a lease
+past its expiry in the others' eyes.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import DateTime, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -20,9 +24,20 @@ from .models import SwarmLease, utcnow
 LEASE_SECONDS = 15.0
 
 
+def db_now(session: Session) -> datetime:
+    """The database's clock: PostgreSQL's ``statement_timestamp()``, shared by every replica. A SQLite file is
+    opened by the processes of one machine only, whose clock is the database's."""
+    if session.get_bind().dialect.name == "postgresql":
+        now = session.scalar(select(func.statement_timestamp(type_=DateTime(timezone=True))))
+        if now is not None:
+            return now
+    return utcnow()
+
+
 def acquire(session: Session, run_id: str, holder: str, now: datetime | None = None) -> bool:
-    """Take or renew the lease for ``run_id``; True when ``holder`` has it now (atomic on both databases)."""
-    now = now or utcnow()
+    """Take or renew the lease for ``run_id``; True when ``holder`` has it now (atomic on both databases).
+    ``now`` is the database's clock unless given."""
+    now = now or db_now(session)
     expires = now + timedelta(seconds=LEASE_SECONDS)
     renewed = session.execute(
         update(SwarmLease)
@@ -68,4 +83,4 @@ def release(session: Session, run_ids: list[str], holder: str) -> None:
 def current(session: Session, run_id: str, now: datetime | None = None) -> SwarmLease | None:
     """The live lease of ``run_id``, if a process holds one."""
     lease = session.scalar(select(SwarmLease).where(SwarmLease.run_id == run_id))
-    return lease if lease is not None and lease.expires_at >= (now or utcnow()) else None
+    return lease if lease is not None and lease.expires_at >= (now or db_now(session)) else None

@@ -4,11 +4,13 @@ that process dies (SIGKILL: no goodbye) another takes the swarm over within LEAS
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 
 from swarmhub.server import leases
@@ -23,6 +25,13 @@ def holder_of(db, run_id: str) -> tuple[str | None, list[str]]:
     with db() as session:
         lease = leases.current(session, run_id)
         return (lease.holder, list(lease.maddrs)) if lease is not None else (None, [])
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def wait_until(condition, timeout: float) -> float:
@@ -103,3 +112,49 @@ def test_a_lease_is_held_by_one_process_until_it_expires(db):
         assert leases.current(session, "run-1", later) is not None
         leases.release(session, ["run-1"], "b")
         assert leases.current(session, "run-1", later) is None
+
+
+def test_a_replica_whose_clock_runs_ahead_takes_no_live_lease(db, settings, tmp_path):
+    """Two replicas on one PostgreSQL database, the second on a machine whose clock runs two minutes ahead (under
+    libfaketime): lease times are the database's, so it sees the first's lease as live and hosts nothing."""
+    if not settings.database_url.startswith("postgresql"):
+        pytest.skip("a SQLite file is opened on one machine only, whose clock is the database's")
+    faketime = shutil.which("faketime")
+    if faketime is None:
+        pytest.fail("faketime not found: run `make setup-faketime` (Debian's faketime package)")
+    owner = make_user(db, "olga")
+    experiment = make_experiment(db, owner, slug="skewed", status="running")
+    run_id = f"swarmhub-skewed-{experiment.id}"
+    app_a = create_app(settings.model_copy(update={"swarm_enabled": True, "data_dir": tmp_path / "replica-a"}))
+    with LiveServer(app_a):
+        wait_until(lambda: bool(holder_of(db, run_id)[1]), timeout=60)  # A leads and its peer listens
+        a_holder = holder_of(db, run_id)[0]
+        assert a_holder == app_a.state.instance
+        port = free_port()
+        env = {
+            **os.environ,
+            "SWARMHUB_DATABASE_URL": settings.database_url,
+            "SWARMHUB_DATA_DIR": str(tmp_path / "replica-b"),
+            "SWARMHUB_ENVIRONMENT": "test",
+        }
+        log = open(tmp_path / "replica-b.log", "wb")  # noqa: SIM115
+        replica_b = subprocess.Popen(
+            [faketime, "-f", "+120s", sys.executable, "-m", "swarmhub.worker.cli", "server", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            wait_until(lambda: answers(f"http://127.0.0.1:{port}/api/experiments"), timeout=60)
+            time.sleep(2 * RECONCILE_SECONDS + 1)  # B reconciles twice while A renews
+            assert holder_of(db, run_id)[0] == a_holder, (tmp_path / "replica-b.log").read_text()[-2000:]
+            assert app_a.state.swarm.hosted() == [run_id]
+        finally:
+            os.killpg(replica_b.pid, signal.SIGTERM)
+            try:
+                replica_b.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(replica_b.pid, signal.SIGKILL)
+                replica_b.wait(30)
+            log.close()
