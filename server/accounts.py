@@ -123,13 +123,29 @@ def end_all_sessions(session: Session, user: User) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
-def issue_token(session: Session, user: User, name: str) -> tuple[str, ApiToken]:
+VOLUNTEER = "volunteer"
+ORGANIZER = "organizer"
+# What a token of each scope can do, as the approval page, /account and the API's refusals state it.
+SCOPES = {
+    VOLUNTEER: "join experiments, report training metrics and read what your account can read",
+    ORGANIZER: (
+        "everything a volunteer token can, and create, edit, start, pause and finish experiments, upload their "
+        "training text, roll them back and remove volunteers from them"
+    ),
+}
+
+
+def issue_token(session: Session, user: User, name: str, scope: str = VOLUNTEER) -> tuple[str, ApiToken]:
+    """A new API token for ``user`` (its value, shown once, and its row); ``scope`` is one of SCOPES."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
     value = security.new_token(security.API_TOKEN_PREFIX)
     token = ApiToken(
         user_id=user.id,
         name=name[:100] or "token",
         token_hash=security.token_hash(value),
         prefix=value[:8],
+        scope=scope,
     )
     session.add(token)
     session.flush()

@@ -71,6 +71,18 @@ def api_user(auth: Annotated[tuple[User, ApiToken], Depends(api_token)]) -> User
     return auth[0]
 
 
+def organizer_api_user(auth: Annotated[tuple[User, ApiToken], Depends(api_token)]) -> User:
+    """The token's user, when the token is an organizer token; 403 naming the scope otherwise."""
+    user, token = auth
+    if token.scope != accounts.ORGANIZER:
+        raise Forbidden(
+            "this is a volunteer token (it can join, report and read): creating and running experiments needs an "
+            "organizer token; run `swarmhub login --scope organizer`",
+            field="scope",
+        )
+    return user
+
+
 def optional_api_user(request: Request, session: DB) -> User | None:
     """Public reads accept an optional token, or else the signed-in browser's session cookie (the pages' own
     fetches send it): either reveals what the caller may see (their drafts, an organizer's flags). Only reads use
@@ -124,6 +136,7 @@ async def check_csrf(request: Request, web: Annotated[WebSession | None, Depends
 
 
 CurrentUser = Annotated[User, Depends(api_user)]
+OrganizerUser = Annotated[User, Depends(organizer_api_user)]  # routes that change experiments
 OptionalUser = Annotated[User | None, Depends(optional_api_user)]
 PageUser = Annotated[User | None, Depends(page_user)]
 RequiredPageUser = Annotated[User, Depends(require_page_user)]

@@ -16,7 +16,16 @@ from .models import DeviceAuthorization, User, utcnow
 POLL_INTERVAL = 5
 
 
-def start(session: Session, client_name: str, base_url: str, minutes: int) -> DeviceCode:
+def start(
+    session: Session,
+    client_name: str,
+    base_url: str,
+    minutes: int,
+    *,
+    scope: str = accounts.VOLUNTEER,
+    client_address: str | None = None,
+) -> DeviceCode:
+    """A new grant for the token ``scope`` asks for (shown on the approval page with the asking address)."""
     device_code = security.new_token()
     user_code = security.new_user_code()
     while session.scalar(select(DeviceAuthorization.id).where(DeviceAuthorization.user_code == user_code)):
@@ -28,6 +37,8 @@ def start(session: Session, client_name: str, base_url: str, minutes: int) -> De
             client_name=client_name[:100] or "swarmhub CLI",
             interval=POLL_INTERVAL,
             expires_at=utcnow() + timedelta(minutes=minutes),
+            scope=scope,
+            client_address=(client_address or "")[:64] or None,
         )
     )
     session.flush()
@@ -79,6 +90,6 @@ def poll(session: Session, device_code: str) -> TokenResponse | str:
             return "slow_down"
         return "authorization_pending"
     assert grant.user is not None
-    value, _ = accounts.issue_token(session, grant.user, grant.client_name)
+    value, _ = accounts.issue_token(session, grant.user, grant.client_name, grant.scope)
     grant.status = "consumed"  # a device code yields one token, once
-    return TokenResponse(access_token=value, username=grant.user.username)
+    return TokenResponse(access_token=value, username=grant.user.username, scope=grant.scope)

@@ -143,6 +143,9 @@ def test_device_code_login_approved_in_the_browser(db, live_server, tmp_path):
             browser.post("/login", data={"username": "alice", "password": PASSWORD, "csrf_token": form})
             page = browser.get("/device", params={"user_code": code})
             assert code in page.text
+            # `swarmhub login` asks for a volunteer token, and the page says what that token can do, and warns
+            assert "<strong>volunteer</strong> access" in page.text and "join experiments, report" in page.text
+            assert "If\n       someone sent you this code, deny it" in page.text
             approved = browser.post(
                 "/device", data={"user_code": code, "decision": "approve", "csrf_token": csrf_from(page.text)}
             )
@@ -154,6 +157,13 @@ def test_device_code_login_approved_in_the_browser(db, live_server, tmp_path):
     assert process.returncode == 0, output
     assert "as alice" in output
     assert stat.S_IMODE((tmp_path / "config" / "credentials.json").stat().st_mode) == 0o600
+    # the stored token joins and reads, but cannot create or run experiments
+    stored = json.loads((tmp_path / "config" / "credentials.json").read_text())["token"]
+    headers = {"Authorization": f"Bearer {stored}"}
+    assert httpx.get(f"{live_server.url}/api/me", headers=headers).status_code == 200
+    created = httpx.post(f"{live_server.url}/api/experiments", headers=headers, json={"slug": "mine", "title": "Mine"})
+    assert created.status_code == 403 and created.json()["field"] == "scope", created.text
+    assert "swarmhub login --scope organizer" in created.json()["detail"]
 
 
 def test_admin_command_creates_an_administrator(db, settings, tmp_path):

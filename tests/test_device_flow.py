@@ -8,11 +8,11 @@ from sqlalchemy import update
 
 from swarmhub.server.models import DeviceAuthorization, utcnow
 
-from .conftest import PASSWORD, login, make_user
+from .conftest import PASSWORD, login, make_experiment, make_user
 
 
-def start(client):
-    response = client.post("/api/auth/device/code", json={"client_name": "swarmhub-cli on laptop"})
+def start(client, **extra):
+    response = client.post("/api/auth/device/code", json={"client_name": "swarmhub-cli on laptop", **extra})
     assert response.status_code == 200
     return response.json()
 
@@ -167,3 +167,90 @@ def test_token_responses_are_not_cached(client, db):
     assert token.status_code == 200
     assert (token.headers["cache-control"], token.headers["pragma"]) == ("no-store", "no-cache")
     assert "no-store" not in client.get("/api/experiments").headers.get("cache-control", "")
+
+
+def approve(client, db, code) -> str:
+    """Approve ``code`` on the real page as alice; the token the next poll gets."""
+    csrf = login(client)
+    client.post("/device", data={"user_code": code["user_code"], "decision": "approve", "csrf_token": csrf})
+    allow_next_poll(db)
+    answer = poll(client, code)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["access_token"]
+
+
+ORGANIZER_ROUTES = [
+    ("POST", "/api/experiments", {"slug": "second", "title": "Second"}),
+    ("PATCH", "/api/experiments/scoped", {"title": "Renamed"}),
+    ("POST", "/api/experiments/scoped/status", {"action": "start"}),
+    ("POST", "/api/experiments/scoped/bans", {"username": "bob"}),
+    ("DELETE", "/api/experiments/scoped/bans/bob", None),
+    ("POST", "/api/experiments/scoped/rollback", {"epoch": 1}),
+]
+
+
+def test_a_volunteer_token_reads_and_joins_but_cannot_run_experiments(client, db):
+    """What `swarmhub login` gets by default: every route that changes an experiment answers 403 naming the
+    scope, for the experiment's own organizer too; reads work."""
+    alice = make_user(db)
+    make_experiment(db, alice, slug="scoped")
+    token = approve(client, db, start(client))
+    headers = {"Authorization": f"Bearer {token}"}
+    for method, path, body in ORGANIZER_ROUTES:
+        response = client.request(method, path, headers=headers, json=body)
+        assert response.status_code == 403, (method, path, response.text)
+        assert response.json()["field"] == "scope" and "--scope organizer" in response.json()["detail"], path
+    upload = client.put("/api/experiments/scoped/corpus", headers=headers, files={"file": ("a.txt", b"text")})
+    assert upload.status_code == 403 and upload.json()["field"] == "scope"
+    assert client.get("/api/experiments/scoped", headers=headers).status_code == 200
+    assert client.get("/api/me", headers=headers).json()["username"] == "alice"
+    # the same routes with the same account's organizer token go through the scope check (200/201/204/4xx other
+    # than a scope refusal)
+    organizer = {"Authorization": f"Bearer {approve(client, db, start(client, scope='organizer'))}"}
+    created = client.post("/api/experiments", headers=organizer, json={"slug": "second", "title": "Second"})
+    assert created.status_code == 201, created.text
+    renamed = client.patch("/api/experiments/scoped", headers=organizer, json={"title": "Renamed"})
+    assert renamed.status_code == 200 and renamed.json()["title"] == "Renamed"
+
+
+def test_the_approval_page_says_what_the_token_can_do_who_asked_and_warns(client, db):
+    make_user(db)
+    code = start(client, scope="organizer")
+    login(client)
+    page = client.get(f"/device?user_code={code['user_code']}").text
+    assert "<strong>organizer</strong> access" in page and "create, edit, start" in page
+    assert "Asked from <strong>testclient</strong>" in page  # the address that asked for the code
+    assert "If\n       someone sent you this code, deny it" in page
+
+
+def test_an_unknown_scope_is_refused_with_its_field(client):
+    response = client.post("/api/auth/device/code", json={"scope": "admin"})
+    assert response.status_code == 422 and response.json()["field"] == "scope", response.text
+    response = client.post("/api/auth/token", json={"username": "x", "password": "y" * 12, "scope": "root"})
+    assert response.status_code == 422 and response.json()["field"] == "scope", response.text
+
+
+def test_a_password_token_asks_for_its_scope(client, db):
+    """Scripts that hold a password get an organizer token unless they ask for a volunteer one."""
+    alice = make_user(db)
+    make_experiment(db, alice, slug="scoped")
+    volunteer = client.post("/api/auth/token", json={"username": "alice", "password": PASSWORD, "scope": "volunteer"})
+    assert volunteer.json()["scope"] == "volunteer"
+    headers = {"Authorization": f"Bearer {volunteer.json()['access_token']}"}
+    assert client.post("/api/experiments/scoped/status", headers=headers, json={"action": "start"}).status_code == 403
+    organizer = client.post("/api/auth/token", json={"username": "alice", "password": PASSWORD})
+    assert organizer.json()["scope"] == "organizer"
+    headers = {"Authorization": f"Bearer {organizer.json()['access_token']}"}
+    assert client.post("/api/experiments/scoped/status", headers=headers, json={"action": "start"}).status_code != 403
+
+
+def test_account_page_tokens_are_volunteer_tokens_unless_organizer_is_chosen(client, db):
+    make_user(db)
+    csrf = login(client)
+    client.post("/account/tokens", data={"name": "laptop", "csrf_token": csrf})
+    client.post("/account/tokens", data={"name": "scripts", "scope": "organizer", "csrf_token": csrf})
+    page = client.get("/account").text
+    assert '<td>laptop</td><td class="token-scope">volunteer</td>' in page
+    assert '<td>scripts</td><td class="token-scope">organizer</td>' in page
+    refused = client.post("/account/tokens", data={"name": "x", "scope": "admin", "csrf_token": csrf})
+    assert refused.status_code == 422 and "choose volunteer or organizer" in refused.text

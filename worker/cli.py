@@ -99,8 +99,15 @@ def main() -> None:
 @main.command()
 @click.option("--server", "server_opt", metavar="URL", help="Server URL (default: SWARMHUB_SERVER or the last one)")
 @click.option("--with-token", is_flag=True, help="Read an API token from stdin instead of the browser flow")
+@click.option(
+    "--scope",
+    type=click.Choice(["volunteer", "organizer"]),
+    default="volunteer",
+    show_default=True,
+    help="What the token may do: volunteer (join, report, read) or organizer (also create and run experiments)",
+)
 @insecure_option
-def login(server_opt: str | None, with_token: bool, insecure: bool) -> None:
+def login(server_opt: str | None, with_token: bool, scope: str, insecure: bool) -> None:
     """Log in to a swarmhub server (device-code flow in the browser, or --with-token)."""
     settings = _settings()
     stored = load_credentials(settings.config_dir)
@@ -119,7 +126,7 @@ def login(server_opt: str | None, with_token: bool, insecure: bool) -> None:
             username = client.me(token=line).username
             token = line
         else:
-            token, username = device_flow(client)
+            token, username = device_flow(client, scope)
     path = store_credentials(
         settings.config_dir, StoredCredentials(server=server, token=SecretStr(token), username=username)
     )

@@ -235,8 +235,8 @@ class ApiClient:
 
     # -- endpoints ------------------------------------------------------------------------------------
 
-    def device_code(self, client_name: str) -> DeviceCode:
-        response = self._send("POST", "/api/auth/device/code", json={"client_name": client_name})
+    def device_code(self, client_name: str, scope: str = "volunteer") -> DeviceCode:
+        response = self._send("POST", "/api/auth/device/code", json={"client_name": client_name, "scope": scope})
         self._raise_for_status(response)
         return self._parse(DeviceCode, response)
 

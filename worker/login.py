@@ -12,10 +12,11 @@ import click
 from .client import ApiClient, ExitCode, WorkerError
 
 
-def device_flow(client: ApiClient) -> tuple[str, str]:
-    """RFC 8628: show the code, poll until the user approves it in the browser."""
-    code = client.device_code(f"swarmhub-cli on {socket.gethostname()}")
-    click.echo(f"Open this page in a browser and approve the login:\n\n    {code.verification_uri_complete}\n")
+def device_flow(client: ApiClient, scope: str = "volunteer") -> tuple[str, str]:
+    """RFC 8628: show the code, poll until the user approves it in the browser. ``scope``: volunteer (join,
+    report, read) or organizer (also create and run experiments)."""
+    code = client.device_code(f"swarmhub-cli on {socket.gethostname()}", scope)
+    click.echo(f"Open this page in a browser and approve {scope} access:\n\n    {code.verification_uri_complete}\n")
     click.echo(f"(or go to {code.verification_uri} and enter the code {code.user_code})")
     click.echo("Waiting for approval... (Ctrl-C to cancel)")
     interval = max(code.interval, 1)

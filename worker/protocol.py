@@ -199,6 +199,7 @@ class TokenResponse(BaseModel):
     access_token: str
     token_type: Literal["bearer"] = "bearer"  # noqa: S105 - the OAuth token type, not a secret
     username: str
+    scope: Literal["volunteer", "organizer"] = "organizer"  # a server older than scopes issues full tokens
 
 
 class DenyListPublic(BaseModel):

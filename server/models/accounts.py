@@ -50,6 +50,8 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # "volunteer" (join, report, read) or "organizer" (also create and run experiments): accounts.SCOPES
+    scope: Mapped[str] = mapped_column(String(16), server_default="organizer")
 
     user: Mapped[User] = relationship(lazy="joined")
 
@@ -69,5 +71,7 @@ class DeviceAuthorization(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     last_polled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    scope: Mapped[str] = mapped_column(String(16), server_default="volunteer")  # what the token will be able to do
+    client_address: Mapped[str | None] = mapped_column(String(64))  # the address that asked, for the approval page
 
     user: Mapped[User | None] = relationship(lazy="joined")

@@ -109,7 +109,12 @@ async def create_token(request: Request, session: DB, user: RequiredPageUser, we
         context: dict[str, Any] = {"tokens": accounts.user_tokens(session, user), "new_token": None}
         context["errors"] = form_errors(exc)
         return render(request, "account.html", context, user=user, web=web, status_code=422)
-    value, _ = accounts.issue_token(session, user, named.name)
+    scope = str(form.get("scope", accounts.VOLUNTEER))
+    if scope not in accounts.SCOPES:
+        context = {"tokens": accounts.user_tokens(session, user), "new_token": None}
+        context["errors"] = {"scope": "choose volunteer or organizer"}
+        return render(request, "account.html", context, user=user, web=web, status_code=422)
+    value, _ = accounts.issue_token(session, user, named.name, scope)
     context = {"tokens": accounts.user_tokens(session, user), "new_token": value}
     response = render(request, "account.html", context, user=user, web=web)
     response.headers["Cache-Control"] = "no-store"  # the token is shown once and must not be cached
@@ -143,7 +148,7 @@ def device_page(request: Request, session: DB, user: RequiredPageUser, web: WebS
             grant = device.pending(session, user_code)
         except AppError as exc:
             errors["user_code"] = exc.message
-    context = {"user_code": user_code[:16], "grant": grant, "errors": errors, "done": None}
+    context = {"user_code": user_code[:16], "grant": grant, "errors": errors, "done": None, "scopes": accounts.SCOPES}
     return render(request, "device.html", context, user=user, web=web)
 
 

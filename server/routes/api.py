@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -25,7 +25,7 @@ from swarmhub.worker.protocol import (
 )
 
 from .. import accounts, device, experiments, leases, metrics, quotas
-from ..deps import DB, AppSettings, CurrentUser, OptionalUser, api_token, reconcile_after_commit
+from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, api_token, reconcile_after_commit
 from ..errors import BadRequest, Unavailable, documented
 from ..ratelimit import limited, limited_per_account
 from ..security import StoredText
@@ -41,6 +41,9 @@ BodyModel = TypeVar("BodyModel", bound=BaseModel)
 
 class DeviceCodeRequest(BaseModel):
     client_name: StoredText = Field(default="swarmhub CLI", max_length=100)
+    scope: Literal["volunteer", "organizer"] = Field(
+        default="volunteer", description="what the token will be able to do: volunteer (the default) or organizer"
+    )
 
 
 class DeviceTokenRequest(BaseModel):
@@ -97,6 +100,9 @@ def no_store(response: Response) -> None:
 
 class LoginRequest(accounts.Login):
     token_name: StoredText = Field(default="api", max_length=100)
+    scope: Literal["volunteer", "organizer"] = Field(
+        default="organizer", description="organizer (the default here, for scripts that run experiments) or volunteer"
+    )
 
 
 class JoinBody(JoinRequest):
@@ -118,7 +124,14 @@ def device_code(
     session: DB,
     settings: AppSettings,
 ) -> DeviceCode:
-    return device.start(session, body.client_name, base_url(request, settings), settings.device_code_minutes)
+    return device.start(
+        session,
+        body.client_name,
+        base_url(request, settings),
+        settings.device_code_minutes,
+        scope=body.scope,
+        client_address=request.client.host if request.client else None,
+    )
 
 
 @router.post(
@@ -148,8 +161,8 @@ def device_token(
 def password_token(body: LoginRequest, session: DB) -> TokenResponse:
     """A token for scripts that hold a password (the CLI uses the device flow instead)."""
     user = accounts.authenticate(session, body.username, body.password)
-    value, _ = accounts.issue_token(session, user, body.token_name)
-    return TokenResponse(access_token=value, username=user.username)
+    value, _ = accounts.issue_token(session, user, body.token_name, body.scope)
+    return TokenResponse(access_token=value, username=user.username, scope=body.scope)
 
 
 @router.delete("/auth/token", status_code=204)
@@ -171,7 +184,7 @@ def list_experiments(session: DB, user: OptionalUser) -> list[ExperimentSummary]
 
 @router.post("/experiments", response_model=experiments.ExperimentPublic, status_code=201)
 def create_experiment(
-    body: experiments.ExperimentCreate, session: DB, user: CurrentUser, settings: AppSettings
+    body: experiments.ExperimentCreate, session: DB, user: OrganizerUser, settings: AppSettings
 ) -> experiments.ExperimentPublic:
     quotas.check_create(session, settings, user)
     return experiments.to_public(experiments.create(session, user, body))
@@ -184,7 +197,7 @@ def get_experiment(slug: str, session: DB, user: OptionalUser) -> experiments.Ex
 
 @router.patch("/experiments/{slug}", response_model=experiments.ExperimentPublic)
 def update_experiment(
-    slug: str, body: experiments.ExperimentUpdate, session: DB, user: CurrentUser, settings: AppSettings
+    slug: str, body: experiments.ExperimentUpdate, session: DB, user: OrganizerUser, settings: AppSettings
 ) -> experiments.ExperimentPublic:
     experiment = experiments.get_managed(session, slug, user)
     quotas.check_update(session, settings, experiment, user, body)
@@ -193,7 +206,7 @@ def update_experiment(
 
 @router.post("/experiments/{slug}/status", response_model=experiments.ExperimentPublic)
 def change_status(
-    slug: str, body: experiments.StatusChange, session: DB, user: CurrentUser, settings: AppSettings, request: Request
+    slug: str, body: experiments.StatusChange, session: DB, user: OrganizerUser, settings: AppSettings, request: Request
 ) -> experiments.ExperimentPublic:
     experiment = experiments.get_managed(session, slug, user)
     quotas.check_status_change(session, settings, experiment, user, body.action)
@@ -276,7 +289,7 @@ class BanRequest(BaseModel):
 
 
 @router.post("/experiments/{slug}/bans", status_code=204)
-def ban_volunteer(slug: str, body: BanRequest, session: DB, user: CurrentUser, request: Request) -> Response:
+def ban_volunteer(slug: str, body: BanRequest, session: DB, user: OrganizerUser, request: Request) -> Response:
     """Remove a volunteer from the experiment (organizer only)."""
     experiments.ban(session, experiments.get_managed(session, slug, user), body.username)
     reconcile_after_commit(request, session)  # the server's peer gets the new deny-list at once
@@ -284,7 +297,7 @@ def ban_volunteer(slug: str, body: BanRequest, session: DB, user: CurrentUser, r
 
 
 @router.delete("/experiments/{slug}/bans/{username}", status_code=204)
-def unban_volunteer(slug: str, username: StoredText, session: DB, user: CurrentUser, request: Request) -> Response:
+def unban_volunteer(slug: str, username: StoredText, session: DB, user: OrganizerUser, request: Request) -> Response:
     experiments.unban(session, experiments.get_managed(session, slug, user), username)
     reconcile_after_commit(request, session)
     return Response(status_code=204)

@@ -13,7 +13,7 @@ from starlette.datastructures import UploadFile as StarletteUploadFile
 from swarmhub.worker.protocol import ShardTurn
 
 from .. import experiments, quotas, rollback, training_data
-from ..deps import DB, AppSettings, CurrentUser, OptionalUser, reconcile_after_commit
+from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, reconcile_after_commit
 from ..errors import BadRequest, documented
 from ..models import User
 from ..ratelimit import limited
@@ -70,7 +70,7 @@ async def put_corpus(
     slug: str,
     session: DB,
     settings: AppSettings,
-    user: CurrentUser,
+    user: OrganizerUser,
     file: Annotated[UploadFile | None, File(description="Plain UTF-8 text")] = None,
     source: Annotated[str | None, Form(max_length=300, description="A name from /api/corpus-sources")] = None,
     vocab_size: Annotated[int, Form(ge=100, le=128_000)] = 8000,
@@ -124,7 +124,7 @@ def list_checkpoints(slug: str, session: DB, user: OptionalUser) -> list[trainin
 
 @router.post("/experiments/{slug}/rollback", response_model=rollback.RollbackAccepted, status_code=202)
 def roll_back(
-    slug: str, body: rollback.RollbackRequest, session: DB, user: CurrentUser, request: Request
+    slug: str, body: rollback.RollbackRequest, session: DB, user: OrganizerUser, request: Request
 ) -> rollback.RollbackAccepted:
     """Restore a kept checkpoint as the swarm's state (organizer only): the server's checkpoint peer shares it,
     and every peer loads it at its next read of the swarm's progress. 400 for a step with no kept checkpoint or a
