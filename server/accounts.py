@@ -135,8 +135,11 @@ SCOPES = {
 }
 
 
-def issue_token(session: Session, user: User, name: str, scope: str = VOLUNTEER) -> tuple[str, ApiToken]:
-    """A new API token for ``user`` (its value, shown once, and its row); ``scope`` is one of SCOPES."""
+def issue_token(
+    session: Session, user: User, name: str, scope: str = VOLUNTEER, expires_in_days: int | None = None
+) -> tuple[str, ApiToken]:
+    """A new API token for ``user`` (its value, shown once, and its row); ``scope`` is one of SCOPES. It expires
+    after ``expires_in_days`` when given, and works until revoked otherwise."""
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}")
     value = security.new_token(security.API_TOKEN_PREFIX)
@@ -146,22 +149,34 @@ def issue_token(session: Session, user: User, name: str, scope: str = VOLUNTEER)
         token_hash=security.token_hash(value),
         prefix=value[:8],
         scope=scope,
+        expires_at=utcnow() + timedelta(days=expires_in_days) if expires_in_days else None,
     )
     session.add(token)
     session.flush()
     return value, token
 
 
-def user_for_token(session: Session, value: str | None) -> tuple[User, ApiToken]:
+def user_for_token(session: Session, value: str | None, address: str | None = None) -> tuple[User, ApiToken]:
+    """The user and row of a valid bearer token; notes when (and from which ``address``) it was last used."""
     if not value:
         raise NotAuthenticated("missing bearer token: run `swarmhub login`")
     token = session.scalar(select(ApiToken).where(ApiToken.token_hash == security.token_hash(value)))
     if token is None or token.revoked_at is not None:
         raise NotAuthenticated("invalid or revoked token: run `swarmhub login` again")
     now = datetime.now(timezone.utc)
-    # Write at most once a minute: every worker request authenticates.
-    if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
+    if token.expires_at is not None and token.expires_at <= now:
+        raise NotAuthenticated(
+            f"this token expired on {token.expires_at:%Y-%m-%d %H:%M} UTC: run `swarmhub login` again"
+        )
+    address = (address or "")[:64] or None
+    # Write at most once a minute (every worker request authenticates), or when the address changed.
+    if (
+        token.last_used_at is None
+        or now - token.last_used_at > timedelta(minutes=1)
+        or (address is not None and address != token.last_used_address)
+    ):
         token.last_used_at = now
+        token.last_used_address = address
     return token.user, token
 
 

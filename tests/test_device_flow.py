@@ -254,3 +254,25 @@ def test_account_page_tokens_are_volunteer_tokens_unless_organizer_is_chosen(cli
     assert '<td>scripts</td><td class="token-scope">organizer</td>' in page
     refused = client.post("/account/tokens", data={"name": "x", "scope": "admin", "csrf_token": csrf})
     assert refused.status_code == 422 and "choose volunteer or organizer" in refused.text
+
+
+def test_a_token_may_expire_and_the_account_page_shows_its_last_use(client, db):
+    from sqlalchemy import update as set_
+
+    from swarmhub.server.models import ApiToken
+
+    make_user(db)
+    made = client.post("/api/auth/token", json={"username": "alice", "password": PASSWORD, "expires_in_days": 30})
+    headers = {"Authorization": f"Bearer {made.json()['access_token']}"}
+    assert client.get("/api/me", headers=headers).status_code == 200
+    csrf = login(client)
+    client.post("/account/tokens", data={"name": "laptop", "expires_in_days": "90", "csrf_token": csrf})
+    page = client.get("/account").text
+    assert page.count('<td class="token-expires">20') == 2  # both tokens show a date, not "never"
+    assert '<td class="token-address">testclient</td>' in page  # where the API token was last used from
+    with db.begin() as session:
+        session.execute(set_(ApiToken).values(expires_at=utcnow() - timedelta(seconds=1)))
+    expired = client.get("/api/me", headers=headers)
+    assert expired.status_code == 401 and "expired" in expired.json()["detail"], expired.text
+    refused = client.post("/account/tokens", data={"name": "x", "expires_in_days": "7", "csrf_token": csrf})
+    assert refused.status_code == 422 and "lifetimes offered" in refused.text

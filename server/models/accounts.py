@@ -52,6 +52,8 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # "volunteer" (join, report, read) or "organizer" (also create and run experiments): accounts.SCOPES
     scope: Mapped[str] = mapped_column(String(16), server_default="organizer")
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # None: until revoked
+    last_used_address: Mapped[str | None] = mapped_column(String(64))  # the client address of that last use
 
     user: Mapped[User] = relationship(lazy="joined")
 

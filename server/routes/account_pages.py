@@ -94,6 +94,10 @@ def logout(session: DB, web: WebSess) -> Response:
     return response
 
 
+# The lifetimes the account page offers for a new token, in days ("0": until revoked)
+TOKEN_LIFETIMES = ("0", "30", "90", "365")
+
+
 @router.get("/account")
 def account(request: Request, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
     context = {"tokens": accounts.user_tokens(session, user), "new_token": None}
@@ -110,11 +114,16 @@ async def create_token(request: Request, session: DB, user: RequiredPageUser, we
         context["errors"] = form_errors(exc)
         return render(request, "account.html", context, user=user, web=web, status_code=422)
     scope = str(form.get("scope", accounts.VOLUNTEER))
+    days = str(form.get("expires_in_days", "") or "0")
+    errors = {}
     if scope not in accounts.SCOPES:
-        context = {"tokens": accounts.user_tokens(session, user), "new_token": None}
-        context["errors"] = {"scope": "choose volunteer or organizer"}
+        errors["scope"] = "choose volunteer or organizer"
+    if days not in TOKEN_LIFETIMES:
+        errors["expires_in_days"] = "choose one of the lifetimes offered"
+    if errors:
+        context = {"tokens": accounts.user_tokens(session, user), "new_token": None, "errors": errors}
         return render(request, "account.html", context, user=user, web=web, status_code=422)
-    value, _ = accounts.issue_token(session, user, named.name, scope)
+    value, _ = accounts.issue_token(session, user, named.name, scope, int(days) or None)
     context = {"tokens": accounts.user_tokens(session, user), "new_token": value}
     response = render(request, "account.html", context, user=user, web=web)
     response.headers["Cache-Control"] = "no-store"  # the token is shown once and must not be cached

@@ -103,6 +103,7 @@ class LoginRequest(accounts.Login):
     scope: Literal["volunteer", "organizer"] = Field(
         default="organizer", description="organizer (the default here, for scripts that run experiments) or volunteer"
     )
+    expires_in_days: int | None = Field(default=None, ge=1, le=3650, description="None: until revoked")
 
 
 class JoinBody(JoinRequest):
@@ -161,7 +162,7 @@ def device_token(
 def password_token(body: LoginRequest, session: DB) -> TokenResponse:
     """A token for scripts that hold a password (the CLI uses the device flow instead)."""
     user = accounts.authenticate(session, body.username, body.password)
-    value, _ = accounts.issue_token(session, user, body.token_name, body.scope)
+    value, _ = accounts.issue_token(session, user, body.token_name, body.scope, body.expires_in_days)
     return TokenResponse(access_token=value, username=user.username, scope=body.scope)
 
 
