@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -92,4 +93,5 @@ def poll(session: Session, device_code: str) -> TokenResponse | str:
     assert grant.user is not None
     value, _ = accounts.issue_token(session, grant.user, grant.client_name, grant.scope)
     grant.status = "consumed"  # a device code yields one token, once
-    return TokenResponse(access_token=value, username=grant.user.username, scope=grant.scope)
+    scope: Literal["volunteer", "organizer"] = "organizer" if grant.scope == accounts.ORGANIZER else "volunteer"
+    return TokenResponse(access_token=value, username=grant.user.username, scope=scope)

@@ -134,6 +134,7 @@ def bounded_progress(
     voters = [(name, epoch) for _, name, epoch, client in entries if not client]
     server = swarm_access.SERVER_PEER_USERNAME
     hub = [epoch for name, epoch in voters if name == server] if own_username != server else []
+    median: int | None
     if hub:
         # The hub's vote stands for the others': its witness states the epoch its partners reached by completing
         # rounds with it (``witness.Witness.swarm_epoch``), which no number of forging accounts moves.
