@@ -60,7 +60,7 @@ def test_an_upload_over_the_limit_names_the_limit():
     # sizes that round alike in binary units are stated in bytes
     assert message == "'big.txt' is 2,500,005 bytes, larger than the limit of 2,500,000 bytes: upload a smaller one."
     assert refusal(b"x" * 400_000, max_bytes=300_000).startswith(
-        "The file is 390.63 KiB, larger than the limit of 292.97 KiB"
+        "The file is 390.62 KiB, larger than the limit of 292.97 KiB"
     )
 
 
