@@ -44,15 +44,13 @@ def limit_for(settings: Settings, method: str, path: str) -> Limit:
     """The limit of a request's body, by its route."""
     if method in ("POST", "PUT") and CORPUS_UPLOAD.fullmatch(path):
         most = training_data.max_bytes(settings)
+        limit = corpus_upload.size_text(most)
 
         def upload(size: int | None) -> str:  # sizes as the upload route states them (binary units)
-            actual = corpus_upload.size_text(size) if size is not None else f"over {corpus_upload.size_text(most)}"
-            return (
-                f"the upload is {actual}; this server takes training text up to {corpus_upload.size_text(most)}"
-                " (SWARMHUB_CORPUS_MAX_MB)"
-            )
+            actual = corpus_upload.size_text(size) if size is not None else f"over {limit}"
+            return f"the upload is {actual}; this server takes training text up to {limit} (SWARMHUB_CORPUS_MAX_MB)"
 
-        return Limit(training_data.max_bytes(settings) + UPLOAD_OVERHEAD, "file", upload)
+        return Limit(most + UPLOAD_OVERHEAD, "file", upload)
     if path == UPLOAD_PROBE:
         return Limit(
             MAX_PROBE_BYTES, "body", lambda _: f"an upload probe is at most {corpus_upload.size_text(MAX_PROBE_BYTES)}"

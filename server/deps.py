@@ -63,8 +63,12 @@ def _bearer(request: Request) -> str | None:
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
+def _address(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
 def api_token(request: Request, session: DB) -> tuple[User, ApiToken]:
-    return accounts.user_for_token(session, _bearer(request), request.client.host if request.client else None)
+    return accounts.user_for_token(session, _bearer(request), _address(request))
 
 
 def api_user(auth: Annotated[tuple[User, ApiToken], Depends(api_token)]) -> User:
@@ -89,7 +93,7 @@ def optional_api_user(request: Request, session: DB) -> User | None:
     this: every API route that changes something needs a token, so a cookie never authorizes a change (no
     cross-site request forgery through the API), and no cross-origin page can read the answer (no CORS)."""
     if _bearer(request):
-        return accounts.user_for_token(session, _bearer(request), request.client.host if request.client else None)[0]
+        return accounts.user_for_token(session, _bearer(request), _address(request))[0]
     web = accounts.session_for_cookie(session, request.cookies.get(SESSION_COOKIE))
     return web.user if web is not None else None
 

@@ -82,5 +82,8 @@ def release(session: Session, run_ids: list[str], holder: str) -> None:
 
 def current(session: Session, run_id: str, now: datetime | None = None) -> SwarmLease | None:
     """The live lease of ``run_id``, if a process holds one."""
-    lease = session.scalar(select(SwarmLease).where(SwarmLease.run_id == run_id))
-    return lease if lease is not None and lease.expires_at >= (now or db_now(session)) else None
+    query = select(SwarmLease).where(SwarmLease.run_id == run_id)
+    if now is None and session.get_bind().dialect.name == "postgresql":  # the database's clock, in the same query
+        return session.scalar(query.where(SwarmLease.expires_at >= func.statement_timestamp()))
+    lease = session.scalar(query)
+    return lease if lease is not None and lease.expires_at >= (now or utcnow()) else None
