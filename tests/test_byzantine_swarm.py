@@ -148,6 +148,17 @@ class Peers:
                 return event
         raise AssertionError(f"{name} printed nothing that passes the check within {timeout} s")
 
+    def train_until(self, names: tuple[str, ...], epoch: int, timeout: float) -> None:
+        """Wait until every one of ``names`` reports ``epoch``, then end every peer's run (they print summaries).
+
+        A run of so many epochs, not so many minutes: on a slower or busier machine it takes longer, it does not
+        train less."""
+        deadline = time.monotonic() + timeout
+        for name in names:
+            self.wait_for(name, lambda e: e.get("epoch", 0) >= epoch, max(deadline - time.monotonic(), 0.01))
+        for name in self.procs:
+            self.end(name)
+
     def end(self, name: str) -> None:
         """Ask ``name`` to end its run now (it still prints its summary)."""
         self.procs[name].terminate()
@@ -173,24 +184,32 @@ class Peers:
         assert not left, "the peers left processes behind"
 
 
+# Epochs the centered-clip swarm trains: in one run the honest loss went 2.31 -> 0.44 by epoch 30 (with the attacker
+# clipped rather than left out, it went 2.37 -> 2.35).
+EPOCHS = 30
+
+
 def test_centered_clip_keeps_training_while_one_peer_in_four_sends_gradients_times_minus_1000(swarm_peer, tmp_path):
     """Three honest volunteers and one whose every gradient part is its real one x -1000: with centered-clip the
-    honest peers' loss goes down as in a clean swarm (under the plain mean it climbs: bench/byzantine.py)."""
+    honest peers' loss goes down as in a clean swarm (under the plain mean it climbs: bench/byzantine.py). Each
+    honest part is mostly noise at this batch: the attacker's part, clipped to that spread, would still cancel the
+    gradient; it is far outside the spread, so it is left out."""
     peers = Peers(swarm_peer, tmp_path, "centered-clip")
     try:
         for name in ("ada", "bob", "cyd"):
-            peers.start(name)
-        peers.start("mallory", attack="scale")
+            peers.start(name, minutes=5)
+        peers.start("mallory", attack="scale", minutes=5)
         for name in ("ada", "bob", "cyd", "mallory"):
             peers.joined(name)
         # the four of them average together, attacker included
         peers.wait_for("ada", lambda e: e.get("averaged", 0) == 4, 120)
+        peers.train_until(("ada", "bob", "cyd"), EPOCHS, 240)
         summaries = {name: peers.summary(name) for name in ("ada", "bob", "cyd")}
     finally:
         peers.stop()
     for name, summary in summaries.items():
         assert summary["rounds"].get("4", 0) >= 3, (name, summary)  # the attacker took part in the rounds
-        assert summary["last_loss"] < 0.7 * summary["first_loss"], (name, summary)
+        assert summary["last_loss"] < 0.5 * summary["first_loss"], (name, summary)
 
 
 def test_non_finite_gradients_are_dropped_and_their_sender_flagged(swarm_peer, tmp_path):

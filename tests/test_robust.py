@@ -100,6 +100,39 @@ def test_centered_clip_of_two_parts_bounds_the_larger_by_the_smaller(attack):
     assert (reduce(pair, [1.0, 1.0], "centered-clip") - sum(pair) / 2).norm() < 0.1 * (sum(pair) / 2).norm()
 
 
+@pytest.mark.parametrize("attack", ["x-1000", "x100"])
+def test_a_far_outlier_has_no_say_when_the_honest_noise_exceeds_the_gradient(attack):
+    """At a volunteer's batch each honest part is mostly noise (here 3x the true gradient's norm): a part clipped
+    to the honest spread would still pull the result by a third of it, enough to cancel the gradient. A part far
+    outside the spread is left out, so the result is what the honest parts alone give."""
+    generator = torch.Generator().manual_seed(2)
+    size = 4096
+    gradient = torch.ones(size) / size**0.5
+    parts = [gradient + 3 * torch.randn(size, generator=generator) / size**0.5 for _ in range(3)]
+    bad = {"x-1000": -1000 * parts[0], "x100": 100 * parts[0]}[attack]
+    alone = reduce(parts, [1.0] * 3, "centered-clip")
+    for order in ([*parts, bad], [bad, *parts]):
+        assert torch.allclose(reduce(order, [1.0] * 4, "centered-clip"), alone, atol=1e-6)
+    mean_honest = sum(parts) / 3
+    cosine = torch.nn.functional.cosine_similarity
+    assert cosine(alone, gradient, 0) > 0.9 * cosine(mean_honest, gradient, 0)
+
+
+def test_a_part_inside_the_outlier_bound_moves_the_result_by_at_most_its_share_of_the_radius():
+    """What the outlier bound leaves in is clipped: however far inside it the attacker sits, the result stays
+    within about half the honest spread (the mean moves by a quarter of the attacker's distance)."""
+    parts = honest(3)
+    mean_honest = sum(parts) / 3
+    spread = max((p - mean_honest).norm() for p in parts)
+    direction = torch.randn(2000, generator=torch.Generator().manual_seed(3))
+    for factor in (0.3, 0.6, 0.9):  # how far out, as a share of the outlier bound
+        bad = mean_honest + factor * robust.CLIP_OUTLIER_FACTOR * spread * direction / direction.norm()
+        clipped = reduce([*parts, bad], [1.0] * 4, "centered-clip")
+        off = float((reduce([*parts, bad], [1.0] * 4, "mean") - mean_honest).norm())  # a quarter of its distance
+        assert off == pytest.approx(factor * robust.CLIP_OUTLIER_FACTOR * float(spread) / 4, rel=1e-3)
+        assert (clipped - mean_honest).norm() < 0.6 * spread  # clipped: the same bound however far out it is
+
+
 def test_centered_clip_of_honest_parts_is_their_mean_within_their_spread():
     parts = honest(4)
     spread = max((p - sum(parts) / 4).norm() for p in parts)
