@@ -154,7 +154,12 @@ def test_first_user_is_admin(client, db):
     first = make_user(db)
     second = make_user(db, "bob")
     assert (first.is_admin, second.is_admin) == (True, False)
-    assert client.get("/api/me", headers=api_token(client)).json() == {"username": "alice", "is_admin": True}
+    assert client.get("/api/me", headers=api_token(client)).json() == {
+        "username": "alice",
+        "is_admin": True,
+        "scope": "organizer",
+        "expires_at": None,
+    }
 
 
 def test_join_refuses_unknown_and_stopped_experiments(client, db):

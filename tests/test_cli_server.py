@@ -9,7 +9,7 @@ import re
 import stat
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -56,7 +56,16 @@ def test_login_with_token_whoami_experiments_logout(db, live_server, cli_env, tm
     assert stat.S_IMODE(stored.stat().st_mode) == 0o600
     assert token not in login.output
 
-    assert run(["whoami"], cli_env).output.startswith(f"alice (admin) on {live_server.url}")
+    whoami = run(["whoami"], cli_env).output
+    assert whoami.startswith(f"alice (admin) on {live_server.url}")
+    assert "organizer token, until revoked" in whoami  # what this token may do, and for how long
+    short = httpx.post(
+        f"{live_server.url}/api/auth/token",
+        json={"username": "alice", "password": PASSWORD, "scope": "volunteer", "expires_in_days": 30},
+    ).json()["access_token"]
+    expires = (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%d")
+    volunteer = run(["whoami"], {**cli_env, "SWARMHUB_SERVER": live_server.url, "SWARMHUB_TOKEN": short}).output
+    assert f"volunteer token, expires {expires}" in volunteer, volunteer
     listing = run(["experiments"], cli_env).output
     assert re.search(r"open-run\s+running\s+digits", listing)
 

@@ -168,7 +168,11 @@ def whoami(insecure: bool) -> None:
         me = client.me()
     role = " (admin)" if me.is_admin else ""
     source = " [token from SWARMHUB_TOKEN]" if resolve_credentials(settings).source == "env" else ""
-    click.echo(f"{me.username}{role} on {client.server_url}{source}")
+    token = ""
+    if me.scope:  # servers before token scopes do not say
+        until = f", expires {me.expires_at:%Y-%m-%d %H:%M} UTC" if me.expires_at else ", until revoked"
+        token = f"; {me.scope} token{until}"
+    click.echo(f"{me.username}{role} on {client.server_url}{source}{token}")
 
 
 @main.command()

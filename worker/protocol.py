@@ -211,6 +211,8 @@ class DenyListPublic(BaseModel):
 class Me(BaseModel):
     username: str
     is_admin: bool
+    scope: str | None = Field(default=None, description="The token's scope: volunteer or organizer")
+    expires_at: datetime | None = Field(default=None, description="When the token stops working; none: until revoked")
 
 
 class ProbeInfo(BaseModel):

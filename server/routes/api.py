@@ -174,8 +174,9 @@ def revoke_current_token(session: DB, request: Request) -> Response:
 
 
 @router.get("/me", response_model=Me)
-def me(user: CurrentUser) -> Me:
-    return Me(username=user.username, is_admin=user.is_admin)
+def me(session: DB, request: Request) -> Me:
+    user, token = api_token(request, session)
+    return Me(username=user.username, is_admin=user.is_admin, scope=token.scope, expires_at=token.expires_at)
 
 
 @router.get("/experiments", response_model=list[ExperimentSummary])
