@@ -45,6 +45,69 @@ def test_tokens_verify_only_for_their_experiment_key_and_lifetime():
     assert swarm_access.verify_token(swarm_access.token_from_wire(json.loads(json.dumps(wire))), key, RUN)
 
 
+class CountingKey:
+    """The experiment's real public key, counting the signatures it checks."""
+
+    def __init__(self, key):
+        self.key, self.calls = key, 0
+
+    def verify(self, data: bytes, signature: bytes) -> bool:
+        self.calls += 1
+        return self.key.verify(data, signature)
+
+
+def test_a_token_is_verified_once_and_then_checked_at_the_cost_of_a_lookup():
+    experiment = RSAPrivateKey()
+    key = CountingKey(experiment.get_public_key())
+    peer = RSAPrivateKey()
+    good = swarm_access.sign_token(experiment, RUN, "ada", peer.get_public_key().to_bytes(), timedelta(minutes=5))
+    denied = {"mallory"}
+    authorizer = swarm_access.SwarmAuthorizer(
+        RSAPrivateKey(), key, RUN, fetch=lambda: good, denied=swarm_access.DenyList(lambda: set(denied), 3600)
+    )
+    wire = swarm_access.to_access_token(good)
+    assert all(authorizer.is_token_valid(wire) for _ in range(1000))
+    assert key.calls == 1  # one signature check for a thousand requests
+    # a token that differs in any field is checked on its own and refused
+    for field, value in (("username", "grace"), ("expiration_time", "2099-01-01T00:00:00Z")):
+        forged = swarm_access.to_access_token(
+            swarm_access.token_from_wire({**swarm_access.token_to_wire(good), field: value})
+        )
+        assert not authorizer.is_token_valid(forged) and not authorizer.is_token_valid(forged)
+    assert key.calls == 5  # a refused token is never remembered: each try costs its own check
+    # a removed volunteer's remembered token stops working at once (the deny list is read on every check)
+    mallory = swarm_access.to_access_token(
+        swarm_access.sign_token(
+            experiment, RUN, "mallory", RSAPrivateKey().get_public_key().to_bytes(), timedelta(minutes=5)
+        )
+    )
+    assert not authorizer.is_token_valid(mallory)
+    denied.clear()
+    authorizer.denied = swarm_access.DenyList(lambda: set(denied), 3600)
+    assert authorizer.is_token_valid(mallory)
+    denied.add("mallory")
+    authorizer.denied = swarm_access.DenyList(lambda: set(denied), 3600)
+    assert not authorizer.is_token_valid(mallory)
+
+
+def test_a_remembered_token_stops_working_when_it_expires():
+    experiment = RSAPrivateKey()
+    peer = RSAPrivateKey().get_public_key().to_bytes()
+    short = swarm_access.sign_token(experiment, RUN, "ada", peer, timedelta(seconds=2))
+    verified = swarm_access.VerifiedTokens(experiment.get_public_key(), RUN, limit=2)
+    assert verified.valid(short)
+    time.sleep(2.1)
+    assert not verified.valid(short)
+    # at most ``limit`` tokens are remembered, the oldest forgotten first
+    key = CountingKey(experiment.get_public_key())
+    verified = swarm_access.VerifiedTokens(key, RUN, limit=2)
+    tokens = [swarm_access.sign_token(experiment, RUN, n, peer, timedelta(minutes=5)) for n in ("a", "b", "c")]
+    for token in tokens:
+        assert verified.valid(token)
+    assert verified.valid(tokens[2]) and verified.valid(tokens[1]) and key.calls == 3
+    assert verified.valid(tokens[0]) and key.calls == 4  # forgotten, checked again
+
+
 def test_identity_key_is_stable_and_private(tmp_path):
     path = tmp_path / "ids" / "run.key"
     first = swarm_access.load_or_create_identity(path)

@@ -39,6 +39,7 @@ from .swarm_tokens import TOKEN_VERSION as TOKEN_VERSION
 from .swarm_tokens import PublicKey as PublicKey
 from .swarm_tokens import Signer, TokenFields, Verifier
 from .swarm_tokens import SigningKey as SigningKey
+from .swarm_tokens import VerifiedTokens as VerifiedTokens
 from .swarm_tokens import format_expiry as format_expiry
 from .swarm_tokens import new_signing_key_der as new_signing_key_der
 from .swarm_tokens import parse_expiry as parse_expiry
@@ -173,6 +174,7 @@ class SwarmAuthorizer(TokenAuthorizerBase):
         self.experiment_key = experiment_key
         self.run_id = run_id
         self.denied = denied or DenyList()
+        self.verified = VerifiedTokens(experiment_key, run_id)
         self._fetch = fetch
         self._refresh_margin = refresh_margin
         if first_token is not None:
@@ -182,7 +184,7 @@ class SwarmAuthorizer(TokenAuthorizerBase):
         return await asyncio.get_running_loop().run_in_executor(None, self._fetch)
 
     def is_token_valid(self, access_token: AccessToken) -> bool:
-        return verify_token(access_token, self.experiment_key, self.run_id) and (
+        return self.verified.valid(access_token) and (
             access_token.username not in self.denied or access_token.public_key == self._local_public_key.to_bytes()
         )
 
@@ -289,6 +291,7 @@ class RosterGuard:
         self.experiment_key = experiment_key
         self.run_id = run_id
         self.denied = denied or DenyList()
+        self.verified = VerifiedTokens(experiment_key, run_id)
         self._usernames: dict[str, str] = {}  # peer ID -> username of its token
         self._allowed: dict[str, float] = {}  # peer ID -> token expiry (unix seconds)
         self._fetched_at = 0.0
@@ -310,7 +313,7 @@ class RosterGuard:
                 continue
             # The DHT checked that the subkey's owner signed the entry; the entry counts only when that owner
             # is the key the token binds (else an admitted peer could publish someone else's token as its own).
-            if record_owner(subkey) != token.public_key or not verify_token(token, self.experiment_key, self.run_id):
+            if record_owner(subkey) != token.public_key or not self.verified.valid(token):
                 continue
             try:
                 claimed = peer_id_for_public_key(token.public_key)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
@@ -183,6 +184,36 @@ def verify_token(token: TokenFields, experiment_key: Verifier, run_id: str) -> b
     except (ValueError, UnicodeDecodeError):
         return False
     return experiment_key.verify(payload, token.signature)
+
+
+class VerifiedTokens:
+    """A peer's memory of the tokens whose signature it has checked: each distinct token is verified once, and
+    later checks of it cost a lookup and a clock read until it expires. hivemind checks the token of every DHT
+    request and response, and the roster's tokens at every read; the same few tokens come back each time.
+
+    Only tokens that verified are remembered (a caller cannot fill the memory without tokens the experiment's
+    key signed), and at most ``limit`` of them, the oldest forgotten first. What a token grants is still decided
+    per call: the caller's deny list is read every time, and each request proves the token's key by its own
+    signature (hivemind's ``validate_request``)."""
+
+    def __init__(self, experiment_key: Verifier, run_id: str, limit: int = 4096):
+        self.experiment_key, self.run_id, self.limit = experiment_key, run_id, limit
+        self._expiry: OrderedDict[tuple[str, bytes, str, bytes], datetime] = OrderedDict()
+
+    def valid(self, token: TokenFields) -> bool:
+        key = (token.username, token.public_key, token.expiration_time, token.signature)
+        expires = self._expiry.get(key)
+        if expires is not None:
+            if expires > datetime.now(timezone.utc):
+                return True
+            del self._expiry[key]
+            return False
+        if not verify_token(token, self.experiment_key, self.run_id):
+            return False
+        self._expiry[key] = parse_expiry(token.expiration_time)  # type: ignore[assignment]  # verified: parses
+        while len(self._expiry) > self.limit:
+            self._expiry.popitem(last=False)
+        return True
 
 
 def token_to_wire(token: TokenFields) -> dict[str, str]:
