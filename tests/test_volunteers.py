@@ -18,38 +18,16 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from swarmhub.server import contributions, experiments, witnessed
+from swarmhub.server import contributions, experiments
 from swarmhub.server.app import create_app
 from swarmhub.server.models import RoundCredit, User, utcnow
 
 from .conftest import LiveServer, api_token, csrf_from, login, make_experiment, make_user
+from .support import observe, witness
 
 pytestmark = pytest.mark.both_databases  # the history groups by time with each database's own functions
 
 PAYLOAD = "<img src=x onerror=alert(1)>"
-
-
-def observe(db: Any, experiment_id: int, now: Any, *records: tuple[str, str, int, int]) -> None:
-    """What the monitor peer read of the swarm's signed progress records: (username, peer, epoch, samples)."""
-    items = [
-        {"peer_id": peer, "username": name, "epoch": epoch, "samples": samples, "samples_per_second": 40.0,
-         "time": now.timestamp()}
-        for name, peer, epoch, samples in records
-    ]  # fmt: skip
-    with db.begin() as session:
-        experiment = session.get(experiments.Experiment, experiment_id)
-        contributions.record(session, experiment, contributions.parse(items), now)
-
-
-def witness(db: Any, experiment_id: int, now: Any, round_id: str, epoch: int, senders: list[tuple[str, str, float]]):
-    """A round the server's auxiliary peer saw complete, as the monitor hands it over."""
-    items = [
-        {"id": round_id, "epoch": epoch, "time": now.timestamp(),
-         "senders": [{"username": name, "peer_id": peer, "weight": weight} for name, peer, weight in senders]}
-    ]  # fmt: skip
-    with db.begin() as session:
-        experiment = session.get(experiments.Experiment, experiment_id)
-        assert witnessed.record_rounds(session, experiment, witnessed.parse_rounds(items), now) == 1
 
 
 def report(client: Any, db: Any, user: User, slug: str, device: str, samples: int) -> None:
