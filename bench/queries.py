@@ -42,7 +42,7 @@ from alembic import command
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from swarmhub.server import contributions, experiments, metrics, security
+from swarmhub.server import contributions, experiments, metrics, security, volunteers
 from swarmhub.server.db import alembic_config, make_engine, make_sessionmaker
 from swarmhub.server.models import Experiment, MetricBucket, MetricPoint, PeerEpoch, User, WorkerRun, utcnow
 from swarmhub.server.settings import Settings
@@ -133,6 +133,7 @@ class Reference:
                     pending_samples=v.pending,
                     claimed_samples=e["claimed"],
                     share=round(v.samples / total_verified, 4) if total_verified else 0.0,
+                    profile_url=volunteers.profile_path(e["username"]),  # no benchmark volunteer hides their profile
                     samples_per_second=round(e["sps"], 2),
                     time_online_seconds=round(v.online_seconds, 1),
                     active=e["last_seen"] >= since,

@@ -38,7 +38,7 @@ from .errors import AppError
 from .live import LiveHub
 from .models import Corpus, Experiment, utcnow
 from .ratelimit import make_limiter
-from .routes import api, data, pages, probe, ws
+from .routes import api, data, pages, probe, volunteers, ws
 from .settings import Settings
 from .swarm import SwarmHost
 from .views import render_error
@@ -243,6 +243,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.instance = instance
     app.state.ratelimiter = make_limiter(settings)
     app.state.live = live
+    app.state.volunteer_stats = volunteers.StatsExport(settings.stats_cache_seconds)  # per process
     app.state.reconcile_soon = lambda: None  # replaced once the event loop runs
     app.state.loop = None
     _install_error_handlers(app)
@@ -260,6 +261,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api.router)
     app.include_router(data.router)
     app.include_router(probe.router)
+    app.include_router(volunteers.router)
     app.include_router(ws.router)
     app.include_router(pages.router)
 

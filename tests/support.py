@@ -1,12 +1,14 @@
 """Small helpers several test modules share (fixtures are in conftest.py): metric reports and worker runs,
-the experiment form, and corpora on disk."""
+the experiment form, corpora on disk, and the swarm's signed records and witnessed rounds as the monitor hands
+them over."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
-from swarmhub.server import experiments
+from swarmhub.server import contributions, experiments, witnessed
 from swarmhub.worker.protocol import MetricReport
 
 
@@ -58,3 +60,26 @@ SMALL = {"vocab_size": "400", "seq_length": "32"}
 def corpora_on_disk(settings) -> list[Path]:
     folder = settings.data_dir / "corpora"
     return sorted(folder.iterdir()) if folder.exists() else []
+
+
+def observe(db: Any, experiment_id: int, now: Any, *records: tuple[str, str, int, int]) -> None:
+    """What the monitor peer read of the swarm's signed progress records: (username, peer, epoch, samples)."""
+    items = [
+        {"peer_id": peer, "username": name, "epoch": epoch, "samples": samples, "samples_per_second": 40.0,
+         "time": now.timestamp()}
+        for name, peer, epoch, samples in records
+    ]  # fmt: skip
+    with db.begin() as session:
+        experiment = session.get(experiments.Experiment, experiment_id)
+        contributions.record(session, experiment, contributions.parse(items), now)
+
+
+def witness(db: Any, experiment_id: int, now: Any, round_id: str, epoch: int, senders: list[tuple[str, str, float]]):
+    """A round the server's auxiliary peer saw complete, as the monitor hands it over."""
+    items = [
+        {"id": round_id, "epoch": epoch, "time": now.timestamp(),
+         "senders": [{"username": name, "peer_id": peer, "weight": weight} for name, peer, weight in senders]}
+    ]  # fmt: skip
+    with db.begin() as session:
+        experiment = session.get(experiments.Experiment, experiment_id)
+        assert witnessed.record_rounds(session, experiment, witnessed.parse_rounds(items), now) == 1

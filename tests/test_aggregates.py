@@ -97,6 +97,7 @@ def recount(session: Any, experiment: Experiment) -> tuple[list[dict[str, Any]],
                 "pending_samples": v.pending,
                 "claimed_samples": p["claimed"],
                 "share": round(v.samples / total_verified, 4) if total_verified else 0.0,
+                "profile_url": f"/u/{names[user_id]}",  # no one here hides their profile
                 "samples_per_second": round(p["sps"], 2),
                 "time_online_seconds": round(v.online_seconds, 1),
                 "active": p["last_seen"] >= since,

@@ -38,6 +38,7 @@ PAGE_ROUTES: list[tuple[str, str, dict[str, str], set[str]]] = [
     ("pause", "/experiments/target/status", {"action": "pause"}, MANAGERS),
     ("ban", "/experiments/target/bans", {"username": "vera", "action": "ban"}, MANAGERS),
     ("new-token", "/account/tokens", {"name": "mine"}, SIGNED_IN),
+    ("hide-profile", "/account/profile", {"profile_hidden": "on"}, SIGNED_IN),  # one's own profile only
 ]
 
 

@@ -61,6 +61,7 @@ def test_every_form_without_a_valid_csrf_token_is_refused_and_changes_nothing(ap
         "name": "stolen",
         "user_code": device["user_code"],
         "decision": "approve",
+        "profile_hidden": "on",
     }
     other_session = TestClient(app)
     someone_elses = login(other_session, "vera")

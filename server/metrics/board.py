@@ -18,6 +18,7 @@ from .. import contributions
 from ..errors import BadRequest
 from ..models import Experiment
 from ..security import StoredText
+from ..volunteers import profile_path
 from .common import _RUNS, _TOTALS, _USERS, _VOLUNTEERS, _active_since
 
 # A claim is implausible when it is this far above what the swarm's signed records show.
@@ -41,6 +42,7 @@ class LeaderboardEntry(BaseModel):
     pending_samples: int = Field(description="In signed records of the epoch still open")
     claimed_samples: int = Field(description="What the volunteer's workers reported over the websocket")
     share: float = Field(description="Fraction of all verified samples of the run")
+    profile_url: str | None = Field(default=None, description="The volunteer's public page; null when they hid it")
     samples_per_second: float
     time_online_seconds: float = Field(description="Time the swarm saw this volunteer's peers publish records")
     active: bool
@@ -177,6 +179,7 @@ def _page_statement(kind: str, with_flags: bool) -> Select[Any]:
     # scalar subqueries: a value (or null) even before the experiment has totals
     columns += [
         _USERS.c.username,
+        _USERS.c.profile_hidden,
         rate.scalar_subquery().label("rate"),
         select(totals.verified_samples)
         .where(totals.experiment_id == experiment_id)
@@ -255,6 +258,7 @@ def leaderboard_page(
                 pending_samples=row.pending_samples,
                 claimed_samples=row.claimed_samples,
                 share=round(row.verified_samples / total_verified, 4) if total_verified else 0.0,
+                profile_url=None if row.profile_hidden else profile_path(row.username),
                 samples_per_second=round(float(row.rate or 0.0), 2),
                 time_online_seconds=round(row.online_seconds, 1),
                 active=last_seen is not None and last_seen >= since,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, Integer, String, func, text
+from sqlalchemy import ForeignKey, Index, Integer, String, false, func, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from .base import Base, UTCDateTime, utcnow
@@ -20,6 +20,9 @@ class User(Base):
     password_hash: Mapped[str] = mapped_column(String(255))
     is_admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The volunteer hid their public page (/u/{username}); leaderboards still count their work, without a link.
+    # The database's default only: an insert that does not name it (rows written as of an older revision) works.
+    profile_hidden: Mapped[bool] = mapped_column(server_default=false())
 
 
 class WebSession(Base):

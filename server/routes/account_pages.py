@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from .. import accounts, device, ratelimit
+from .. import accounts, device, ratelimit, volunteers
 from ..deps import CSRF, DB, SESSION_COOKIE, AppSettings, PageUser, RequiredPageUser
 from ..errors import AppError
 from ..ratelimit import limited
@@ -137,6 +137,14 @@ def sign_out_everywhere(session: DB, user: RequiredPageUser) -> Response:
     response = see_other("/login")
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response
+
+
+@router.post("/account/profile", dependencies=[CSRF])
+async def profile_visibility(request: Request, session: DB, user: RequiredPageUser) -> Response:
+    """Hide the public profile (``/u/{username}`` and its JSON answer 404), or show it again."""
+    form = await request.form()
+    volunteers.set_hidden(session, user, form.get("profile_hidden") == "on")
+    return see_other("/account#profile")
 
 
 @router.post("/account/tokens/{token_id}/revoke", dependencies=[CSRF])

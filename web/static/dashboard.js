@@ -69,6 +69,11 @@
       [r.rank, r.username, fmt(r.samples, 0) + pending, fmt(100 * r.share, 1) + " %", fmt(r.claimed_samples, 0),
         fmt(r.samples_per_second, 1), duration(r.time_online_seconds), r.active ? "now" : ago(r.last_seen)]
         .forEach(function (v) { const td = document.createElement("td"); td.textContent = v; tr.appendChild(td); });
+      if (r.profile_url) {  // null when the volunteer hid their profile: the name stays, without a link
+        const link = document.createElement("a");
+        link.href = r.profile_url; link.textContent = r.username;
+        tr.children[1].replaceChildren(link);
+      }
       body.appendChild(tr);
     });
   }

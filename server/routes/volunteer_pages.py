@@ -1,0 +1,18 @@
+"""A volunteer's public page (``/u/{username}``): what they helped train, from the ledger's running totals."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from .. import volunteers
+from ..deps import DB, PageUser
+from ..views import render
+from .page_helpers import WebSess, router
+
+
+@router.get("/u/{username}")
+def profile_page(request: Request, username: str, session: DB, user: PageUser, web: WebSess) -> Response:
+    """The same 404 page for a name no one has and for a hidden profile."""
+    context = {"profile": volunteers.profile(session, username), "own": user is not None and user.username == username}
+    return render(request, "profile.html", context, user=user, web=web)
