@@ -29,6 +29,7 @@ class Settings(BaseSettings):
     device_code_minutes: int = 10
     active_window_seconds: int = 30  # a worker that reported within this window counts as active
     live_interval_seconds: float = Field(default=0.25, gt=0, le=60)  # at most one dashboard push per interval
+    stats_refresh_seconds: float = Field(default=60.0, ge=0, le=3600)  # the open statistics export, per process
     # Reverse proxies (addresses or networks, comma-separated) whose X-Forwarded-For is believed (server/proxies.py)
     trusted_proxies: str = ""
     live_max_per_address: int = Field(default=32, ge=1)  # live dashboard sockets one client address holds (per process)
