@@ -41,3 +41,4 @@ def test_api_never_fails_or_breaks_its_schema(app, client, db):
         check()
         checked.append(label)
     assert "POST /api/experiments" in checked and "GET /api/experiments/{slug}/leaderboard" in checked
+    assert {"GET /api/hub", "GET /api/stats/experiments.json", "GET /api/stats/experiments.csv"} <= set(checked)
