@@ -35,10 +35,11 @@ from . import (
 from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
+from .hub import HubCache
 from .live import LiveHub
 from .models import Corpus, Experiment, utcnow
 from .ratelimit import make_limiter
-from .routes import api, data, pages, probe, volunteers, ws
+from .routes import api, data, hub, pages, probe, volunteers, ws
 from .settings import Settings
 from .swarm import SwarmHost
 from .views import render_error
@@ -244,6 +245,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.ratelimiter = make_limiter(settings)
     app.state.live = live
     app.state.volunteer_stats = volunteers.StatsExport(settings.stats_cache_seconds)  # per process
+    app.state.hub = HubCache(settings.active_window_seconds, settings.stats_cache_seconds)
     app.state.reconcile_soon = lambda: None  # replaced once the event loop runs
     app.state.loop = None
     _install_error_handlers(app)
@@ -262,6 +264,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(data.router)
     app.include_router(probe.router)
     app.include_router(volunteers.router)
+    app.include_router(hub.router)
     app.include_router(ws.router)
     app.include_router(pages.router)
 

@@ -126,3 +126,25 @@ def test_page_form(route, app, client, db, world):
         else:
             assert response.status_code == 403, (name, role, response.status_code)
             assert not changed(db), (name, role)
+
+
+# Open figures: every role may read them, and each gets the same body, since caches (Cache-Control: public) may
+# hand one answer to anyone. None shows a draft, not even to its organizer or an administrator.
+OPEN_ROUTES = ["/api/hub", "/api/stats/experiments.json", "/api/stats/experiments.csv"]
+
+
+@pytest.mark.parametrize("path", OPEN_ROUTES)
+def test_open_figures_are_the_same_for_every_role(path, client, db, world):
+    make_experiment(db, world["organizer"], slug="secret-draft", status="draft")
+    bodies = {}
+    for role in ROLES:
+        headers = {} if role == "anonymous" else api_token(client, USERS[role])
+        response = client.get(path, headers=headers)
+        assert response.status_code == 200, (path, role, response.text)
+        body = response.text if path.endswith(".csv") else response.json()
+        if path == "/api/hub":
+            body = body["experiments"]  # generated_at moves on between rebuilds
+        bodies[role] = body
+        assert "secret-draft" not in response.text, (path, role)
+        assert "target" in response.text, (path, role)
+    assert all(body == bodies["anonymous"] for body in bodies.values()), path

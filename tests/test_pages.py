@@ -204,3 +204,32 @@ def test_form_sets_who_may_join(client, db):
     client.post("/experiments/digits-together/edit", data={**data, "join_policy": "invite"})
     page = client.get("/experiments/digits-together").text
     assert "/experiments/digits-together/invite/" in page
+
+
+def test_favicon_answers_on_every_page(client):
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/x-icon"
+    assert icon.content[:4] == b"\x00\x00\x01\x00"  # an ICO file's header
+    for path in ("/", "/login", "/experiments/nope"):  # the error page links it too
+        assert '<link rel="icon" href="/static/favicon.svg"' in client.get(path).text, path
+    svg = client.get("/static/favicon.svg")
+    assert svg.status_code == 200 and svg.headers["content-type"].startswith("image/svg+xml")
+
+
+def test_task_parameters_are_labelled_with_their_schema_titles(client, db):
+    """A parameter's label is its schema title (not its field name), with its description as help text."""
+    from swarmhub.worker.tasks import available_tasks, get_task
+
+    make_user(db)
+    login(client)
+    labels = re.findall(r"<label[^>]*>(.*?)</label>", client.get("/experiments/new").text, re.S)
+    checked = 0
+    for task in available_tasks():
+        for name, prop in get_task(task).Params.model_json_schema()["properties"].items():
+            [label] = [text for text in labels if f'name="param.{task}.{name}"' in text]
+            help_text = re.findall(r"<small>(.*?)</small>", label, re.S)
+            words = re.sub(r"<select.*?</select>|<small>.*?</small>|<[^>]+>", " ", label, flags=re.S)
+            assert " ".join(words.split()) == prop["title"] != name, (task, name)
+            assert help_text == ([prop["description"]] if prop.get("description") else []), (task, name)
+            checked += 1
+    assert checked >= 8  # digits' two parameters and albert-mlm's six

@@ -44,3 +44,4 @@ def test_api_never_fails_or_breaks_its_schema(app, client, db):
     assert {"GET /api/users/{username}", "GET /api/stats/volunteers.json", "GET /api/stats/volunteers.csv"} <= set(
         checked
     )
+    assert {"GET /api/hub", "GET /api/stats/experiments.json", "GET /api/stats/experiments.csv"} <= set(checked)

@@ -61,6 +61,7 @@ def task_forms() -> list[dict[str, Any]]:
             fields.append(
                 {
                     "name": field_name,
+                    "title": prop.get("title", field_name),
                     "default": prop.get("default"),
                     "help": prop.get("description", ""),
                     "widget": widget,
@@ -126,7 +127,14 @@ def _form_page(
 
 @router.get("/")
 def index(request: Request, session: DB, user: PageUser, web: WebSess) -> Response:
-    return render(request, "index.html", {"experiments": experiments.list_visible(session, user)}, user=user, web=web)
+    """The experiments the visitor may see, with the hub's figures (the public experiments': ``hub.py``)."""
+    figures = request.app.state.hub.hub(session)
+    context = {
+        "experiments": experiments.list_visible(session, user),
+        "hub": figures,
+        "figures": {e.slug: e for e in figures.experiments},
+    }
+    return render(request, "index.html", context, user=user, web=web)
 
 
 @router.get("/experiments/new")

@@ -68,25 +68,33 @@ class AlbertParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     size: Literal["tiny", "small", "base", "large"] = Field(
+        title="Model size",
         default="base",
         description="Model size: tiny (2 layers, 64 wide: tests), small (6 layers, 256 wide), "
         "base (ALBERT-base: 12 layers, 768 wide) or large (ALBERT-large: 24 layers, 1024 wide)",
     )
-    batch_size: int = Field(default=8, ge=1, le=4096, description="Sequences per local step")
+    batch_size: int = Field(default=8, title="Local batch size", ge=1, le=4096, description="Sequences per local step")
     masking: Literal["whole-word", "token"] = Field(
+        title="Masking",
         default="whole-word",
         description="What is masked: whole words (every piece of a word together) or single tokens",
     )
     mlm_probability: float = Field(
-        default=0.15, ge=0.01, le=0.5, description="Share of the tokens (or words) that the model must predict"
+        title="Masking rate",
+        default=0.15,
+        ge=0.01,
+        le=0.5,
+        description="Share of the tokens (or words) that the model must predict",
     )
     warmup_steps: int = Field(
+        title="Warm-up steps",
         default=100,
         ge=0,
         le=10_000_000,
         description="Collaborative steps over which the learning rate rises to its value",
     )
     total_steps: int = Field(
+        title="Total steps",
         default=10_000,
         ge=1,
         le=100_000_000,

@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # the server validates a task's parameters without torch; wor
 class DigitsParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    hidden_size: int = Field(default=64, ge=4, le=4096, description="Width of the hidden layer")
-    batch_size: int = Field(default=32, ge=1, le=1797, description="Samples per local step")
+    hidden_size: int = Field(default=64, title="Hidden units", ge=4, le=4096, description="Width of the hidden layer")
+    batch_size: int = Field(default=32, title="Local batch size", ge=1, le=1797, description="Samples per local step")
 
 
 class DigitsTask(Task):
