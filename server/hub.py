@@ -13,14 +13,7 @@ is cached here is the same for every viewer, so it never includes an organizer's
 
 from __future__ import annotations
 
-import csv
-import gzip
-import hashlib
-import io
 import json
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from swarmhub.worker.protocol import ExperimentStatus
 
+from . import exports
 from .metrics.common import current_time
 from .models import Checkpoint, Experiment, ExperimentTotal, User, VolunteerTotal, WorkerRun
 
@@ -214,36 +208,10 @@ def snapshot(session: Session, window_seconds: int) -> HubPublic:
     return HubPublic(generated_at=now, totals=totals, experiments=listed)
 
 
-# Spreadsheets run a cell that starts with one of these as a formula (OWASP "CSV injection")
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, str) and value.startswith(FORMULA_START):
-        return "'" + value
-    return value
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """One representation of the export, plain and gzipped, each with its ETag."""
-
-    body: bytes
-    gzipped: bytes
-    etag: str
-    gzip_etag: str
-
-    @classmethod
-    def of(cls, body: bytes) -> Encoded:
-        digest = hashlib.sha256(body).hexdigest()[:32]
-        # mtime=0: the same body always compresses to the same bytes, in every process
-        return cls(body, gzip.compress(body, mtime=0), f'"{digest}"', f'"{digest}-gzip"')
-
-
 @dataclass(frozen=True)
 class Export:
-    json: Encoded
-    csv: Encoded
+    json: exports.Encoded
+    csv: exports.Encoded
 
 
 def export(hub: HubPublic) -> Export:
@@ -259,31 +227,9 @@ def export(hub: HubPublic) -> Export:
         ).model_dump(mode="json")
         for e in hub.experiments
     ]
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\r\n")  # RFC 4180
-    writer.writerow(STATS_FIELDS)
-    for row in rows:
-        writer.writerow([_cell(row[name]) for name in STATS_FIELDS])
+    text = exports.csv_text(STATS_FIELDS, ([row[name] for name in STATS_FIELDS] for row in rows))
     as_json = json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode()
-    return Export(json=Encoded.of(as_json), csv=Encoded.of(text.getvalue().encode()))
-
-
-class _Kept:
-    """A value rebuilt at most once per ``max_age`` seconds; one thread rebuilds while the others wait for it."""
-
-    def __init__(self, max_age: float):
-        self.max_age = max_age
-        self._lock = threading.Lock()
-        self._value: Any = None
-        self._built_at = 0.0
-
-    def get(self, build: Callable[[], Any]) -> Any:
-        with self._lock:
-            now = time.monotonic()
-            if self._value is None or now - self._built_at >= self.max_age:
-                self._value = build()
-                self._built_at = now
-            return self._value
+    return Export(json=exports.Encoded.of(as_json, exports.JSON), csv=exports.Encoded.of(text.encode(), exports.CSV))
 
 
 class HubCache:
@@ -292,8 +238,8 @@ class HubCache:
 
     def __init__(self, window_seconds: int, stats_seconds: float):
         self.window_seconds = window_seconds
-        self._hub = _Kept(HUB_REFRESH_SECONDS)
-        self._export = _Kept(stats_seconds)
+        self._hub = exports.Kept(HUB_REFRESH_SECONDS)
+        self._export = exports.Kept(stats_seconds)
 
     def hub(self, session: Session) -> HubPublic:
         value: HubPublic = self._hub.get(lambda: snapshot(session, self.window_seconds))

@@ -10,8 +10,6 @@ volunteer's work (the ledger is the ledger), without a link to the profile.
 
 from __future__ import annotations
 
-import csv
-import io
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -22,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from swarmhub.worker.protocol import ExperimentStatus
 
+from . import exports
 from .errors import NotFound
 from .models import Experiment, ExperimentTotal, RoundCredit, User, VolunteerTotal, WitnessedRound, utcnow
 
@@ -186,9 +185,6 @@ def stats(session: Session) -> VolunteerStats:
 
 
 def stats_csv(data: VolunteerStats) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180
-    writer.writerow(CSV_FIELDS)
-    for row in data.volunteers:
-        writer.writerow([row.username, row.verified_samples, row.experiments])
-    return out.getvalue()
+    return exports.csv_text(
+        CSV_FIELDS, ((row.username, row.verified_samples, row.experiments) for row in data.volunteers)
+    )

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 
 from swarmhub.server import contributions, metrics, witnessed
 from swarmhub.server.app import create_app
+from swarmhub.server.exports import accepts_gzip
 from swarmhub.server.models import Checkpoint, Experiment, WorkerRun, utcnow
-from swarmhub.server.routes.hub import accepts_gzip
 
 from .conftest import api_token, make_experiment, make_user
 from .support import report, worker_run
