@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -13,6 +14,10 @@ from . import robust, swarm_access
 
 logger = logging.getLogger(__name__)
 ROSTER_CACHE_SECONDS = 10.0
+# At most one signed progress record per this many seconds from a training peer (besides the epoch's first and its
+# final count): hivemind stores one after every step, and each costs the peer's DHT process, its p2pd and every
+# receiving peer a signature and a check.
+PROGRESS_INTERVAL = 0.5
 
 
 class Roster:
@@ -202,7 +207,47 @@ def make_tracker_class() -> type:
             self.epoch_bound: int | None = None
             # volunteers' peers other than this one among the records read last (the server's hold no training state)
             self.other_trainers = 1
+            self._signalled_at = -math.inf  # when a record was last asked for (time.monotonic())
+            self._signalled_epoch: int | None = None
+            self._signalled_ready = False
+            self._unsent = threading.Event()  # a count was kept back: the flusher sends it within the interval
             super().__init__(*args, **kwargs)
+            threading.Thread(target=self._flush_kept_counts, daemon=True, name="swarmhub-progress").start()
+
+        def report_local_progress(
+            self, local_epoch: int, samples_accumulated: int, update_global_samples: bool = True
+        ) -> None:
+            """hivemind's bookkeeping at every step, but a signed record in the DHT at most every
+            ``PROGRESS_INTERVAL`` seconds (hivemind stores one per call: one per training step). A record goes out
+            at once when the epoch changes and when this peer's count completes the epoch (the epoch's final count,
+            which the other peers and the server's ledger read); a count kept back goes out within the interval."""
+            progress = self.local_progress
+            extra = samples_accumulated - progress.samples_accumulated
+            if update_global_samples and local_epoch == progress.epoch == self.global_progress.epoch:
+                self.global_progress.samples_accumulated += extra
+            if extra > 0:
+                self.performance_ema.update(task_size=extra)
+            else:
+                self.performance_ema.reset_timer()
+            self.local_progress = self._get_local_progress(local_epoch, samples_accumulated)
+            ready = self.ready_to_update_epoch
+            now = time.monotonic()
+            urgent = local_epoch != self._signalled_epoch or (ready and not self._signalled_ready)
+            if urgent or now - self._signalled_at >= PROGRESS_INTERVAL:
+                self._signalled_at, self._signalled_epoch, self._signalled_ready = now, local_epoch, ready
+                self._unsent.clear()
+                self.should_report_progress.set()
+            else:
+                self._unsent.set()
+
+        def _flush_kept_counts(self) -> None:
+            while not self.shutdown_triggered.is_set():
+                self._unsent.wait()
+                time.sleep(max(0.0, self._signalled_at + PROGRESS_INTERVAL - time.monotonic()))
+                if self._unsent.is_set() and time.monotonic() - self._signalled_at >= PROGRESS_INTERVAL:
+                    self._signalled_at = time.monotonic()
+                    self._unsent.clear()
+                    self.should_report_progress.set()
 
         def _parse_swarm_progress_data(self, metadata: Any) -> Any:
             try:
