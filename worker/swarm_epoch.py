@@ -221,7 +221,7 @@ def make_tracker_class() -> type:
             ``PROGRESS_INTERVAL`` seconds (hivemind stores one per call: one per training step). A record goes out
             at once when the epoch changes and when this peer's count completes the epoch (the epoch's final count,
             which the other peers and the server's ledger read); a count kept back goes out within the interval."""
-            progress: Any = self.local_progress
+            progress: Any = self.local_progress  # type: ignore[has-type]
             extra = samples_accumulated - progress.samples_accumulated
             if update_global_samples and local_epoch == progress.epoch == self.global_progress.epoch:
                 self.global_progress.samples_accumulated += extra
