@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, Field, field_validator
 from sqlalchemy import delete, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from .accounts import USERNAME_RE, is_reserved_username
@@ -36,8 +37,6 @@ from .volunteers import PUBLIC, profile_path
 
 NAME_MAX = 32
 DESCRIPTION_MAX = 500
-
-__all__ = ["ADMIN", "MEMBER"]
 
 
 def team_path(name: str) -> str:
@@ -165,7 +164,8 @@ def _summary(rank: int, team: Team, members: int, verified: Any) -> TeamSummary:
         name=team.name,
         url=team_path(team.name),
         description=team.description,
-        founder=team.founder.username if team.founder else None,
+        # A founder who hid their profile is not named (their membership would tell that the account exists).
+        founder=team.founder.username if team.founder and not team.founder.profile_hidden else None,
         members=int(members),
         verified_samples=int(verified or 0),
         created_at=team.created_at,
@@ -292,10 +292,15 @@ def create(session: Session, user: User, data: TeamCreate) -> Team:
     if session.scalar(select(Team.id).where(func.lower(Team.name) == data.name.lower())) is not None:
         raise Conflict("that team name is taken", field="name")
     team = Team(name=data.name, description=data.description, founder_id=user.id, creator_id=user.id)
-    session.add(team)
-    session.flush()
-    session.add(TeamMember(user_id=user.id, team_id=team.id, role=ADMIN))
-    session.flush()
+    # The checks above read before writing: two requests at once can both pass them, and the database's unique
+    # keys (lower(name), one membership per user) then refuse the second, as a 409 and not a 500.
+    try:
+        with session.begin_nested():
+            session.add(team)
+            session.flush()
+            session.add(TeamMember(user_id=user.id, team_id=team.id, role=ADMIN))
+    except IntegrityError:
+        raise Conflict("that team name is taken, or you joined a team meanwhile", field="name") from None
     return team
 
 
@@ -307,8 +312,11 @@ def join(session: Session, user: User, team: Team) -> TeamMember:
         other = session.get(Team, current.team_id)
         raise Conflict(f"you are in team {other.name if other else '?'!r}: leave it first", field="team")
     row = TeamMember(user_id=user.id, team_id=team.id, role=MEMBER)
-    session.add(row)
-    session.flush()
+    try:
+        with session.begin_nested():  # a join of another team at the same moment: the primary key refuses one
+            session.add(row)
+    except IntegrityError:
+        raise Conflict("you joined a team meanwhile: leave it first", field="team") from None
     return row
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from starlette.testclient import TestClient
 
 from swarmhub.server.models import Experiment, Team, TeamMember, User, VolunteerTotal, utcnow
@@ -232,6 +233,13 @@ def test_team_pages_show_markup_as_text_and_hide_hidden_members(app, client, db)
     assert detail["members"] == 2 and detail["hidden_members"] == 1
     assert [m["username"] for m in detail["member_list"]] == ["ada"]
     assert 'href="/teams/Crabs"' in client.get("/u/ada").text
+    # A founder who hides their profile is not named either.
+    assert detail["founder"] == "ada" and "led by ada" in page.text
+    with db.begin() as session:
+        session.scalar(select(User).where(User.username == "ada")).profile_hidden = True
+    assert client.get("/api/teams/Crabs").json()["founder"] is None
+    assert client.get("/api/teams").json()[0]["founder"] is None
+    assert "led by" not in client.get("/teams/Crabs").text and "/u/ada" not in client.get("/teams/Crabs").text
     assert client.get("/teams/nobody").status_code == 404
 
 
@@ -261,3 +269,18 @@ def test_an_account_founds_a_few_teams_a_day(app, client, db, settings):
     assert refused.json()["field"] == "name"
     with db() as session:
         assert session.scalar(select(func.count(Team.id))) == settings.quota_teams_per_day
+
+
+def test_the_database_keeps_names_unique_whatever_the_case_and_one_team_per_volunteer(client, db):
+    """What two requests at once could both get past the service's checks with: the unique index on lower(name)
+    and the membership's primary key refuse the second write (``teams.create`` and ``teams.join`` answer it 409)."""
+    make_user(db, "ada")
+    grace = make_user(db, "grace")
+    client.post("/api/teams", json={"name": "Crabs"}, headers=api_token(client, "ada"))
+    client.post("/api/teams", json={"name": "Gophers"}, headers=api_token(client, "grace"))
+    with pytest.raises(IntegrityError), db.begin() as session:
+        session.add(Team(name="CRABS", description=""))
+    with pytest.raises(IntegrityError), db.begin() as session:
+        crabs = session.scalar(select(Team).where(Team.name == "Crabs"))
+        session.add(TeamMember(user_id=grace.id, team_id=crabs.id, role="member"))
+    assert members(db, "Crabs") == {"ada": "admin"} and members(db, "Gophers") == {"grace": "admin"}
