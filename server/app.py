@@ -39,7 +39,7 @@ from .hub import HubCache
 from .live import LiveHub
 from .models import Corpus, Experiment, utcnow
 from .ratelimit import make_limiter
-from .routes import api, data, hub, pages, probe, volunteers, ws
+from .routes import api, data, hub, pages, probe, teams, volunteers, ws
 from .settings import Settings
 from .swarm import SwarmHost
 from .views import render_error
@@ -264,6 +264,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(data.router)
     app.include_router(probe.router)
     app.include_router(volunteers.router)
+    app.include_router(teams.router)
     app.include_router(hub.router)
     app.include_router(ws.router)
     app.include_router(pages.router)

@@ -19,7 +19,7 @@ from swarmhub.worker.protocol import ExperimentStatus
 
 from . import experiments
 from .errors import Forbidden, TooManyRequests
-from .models import Corpus, Experiment, User, utcnow
+from .models import Corpus, Experiment, Team, User, utcnow
 from .settings import Settings
 
 DAY = timedelta(days=1)
@@ -51,6 +51,28 @@ def check_create(session: Session, settings: Settings, user: User) -> None:
     raise TooManyRequests(
         f"you created {_count(count, 'experiment')} in the last 24 hours, and the hub allows {limit} per account a "
         f"day (quota: experiments per day): create the next one {when}, or edit one of your drafts",
+        headers=headers,
+    )
+
+
+def check_team_create(session: Session, settings: Settings, user: User) -> None:
+    """429 (with Retry-After) when ``user`` created ``quota_teams_per_day`` teams in the last 24 hours (those since
+    deleted, by their last member leaving, do not count: they no longer crowd /teams)."""
+    if user.is_admin:
+        return
+    _lock(session, user.id)
+    now = utcnow()
+    count, oldest = session.execute(
+        select(func.count(), func.min(Team.created_at)).where(Team.creator_id == user.id, Team.created_at > now - DAY)
+    ).one()
+    limit = settings.quota_teams_per_day
+    if count < limit:
+        return
+    headers = {"Retry-After": str(max(1, math.ceil((oldest + DAY - now).total_seconds())))} if oldest else None
+    raise TooManyRequests(
+        f"you created {_count(count, 'team')} in the last 24 hours, and the hub allows {limit} per account a day "
+        "(quota: teams per day)",
+        field="name",
         headers=headers,
     )
 

@@ -44,6 +44,9 @@ LIMITS = {
     "swarm-token": (60, 600.0),
     # Per account: each join asks once; each answer dials up to a few addresses back (to the caller only)
     "reachability": (30, 600.0),
+    # Per address and per account: team names are public, so a script must not flood /teams (see also
+    # quotas.check_team_create, a few teams per account a day)
+    "team-create": (10, 600.0),
 }
 RETRY_SECONDS = 5.0  # how long a process counts alone after Redis failed to answer
 REDIS_TIMEOUT = 0.5  # seconds: a stalled Redis must not stall every log-in for long

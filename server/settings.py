@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     quota_experiments_per_day: int = Field(default=10, ge=0)  # experiments one account creates in 24 hours
     quota_server_peers: int = Field(default=4, ge=0)  # auxiliary and checkpoint peers run for one account's experiments
     quota_corpus_mb: float = Field(default=2048.0, ge=0)  # training text (MiB) stored for one account's experiments
+    quota_teams_per_day: int = Field(default=3, ge=0)  # teams one account creates in 24 hours
 
     @field_validator("trusted_proxies")
     @classmethod

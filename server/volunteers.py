@@ -22,7 +22,17 @@ from swarmhub.worker.protocol import ExperimentStatus
 
 from . import exports
 from .errors import NotFound
-from .models import Experiment, ExperimentTotal, RoundCredit, User, VolunteerTotal, WitnessedRound, utcnow
+from .models import (
+    Experiment,
+    ExperimentTotal,
+    RoundCredit,
+    Team,
+    TeamMember,
+    User,
+    VolunteerTotal,
+    WitnessedRound,
+    utcnow,
+)
 
 # The history chart's resolution: the finest of these widths (seconds) that shows the whole span in at most
 # HISTORY_POINTS buckets; the coarsest when none does.
@@ -61,6 +71,7 @@ class VolunteerProfile(BaseModel):
     experiments: list[ProfileExperiment] = Field(description="Most verified samples first")
     history_bucket_seconds: int | None = Field(description="The history's resolution; null without history")
     history: list[HistoryPoint] = Field(description="Verified samples over time, cumulative")
+    team: str | None = Field(default=None, description="The team they are in now (/teams/{team}); null when none")
 
 
 class VolunteerStatsRow(BaseModel):
@@ -126,6 +137,9 @@ def profile(session: Session, username: str) -> VolunteerProfile:
         experiments=helped,
         history_bucket_seconds=width,
         history=history,
+        team=session.scalar(
+            select(Team.name).join(TeamMember, TeamMember.team_id == Team.id).where(TeamMember.user_id == user.id)
+        ),
     )
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 from starlette.testclient import TestClient
 
 from swarmhub.server import experiments
-from swarmhub.server.models import Experiment, ExperimentBan, SwarmPeerKey
+from swarmhub.server.models import Experiment, ExperimentBan, SwarmPeerKey, Team, TeamMember, User
 
 from .conftest import PASSWORD, api_token, csrf_from, make_experiment, make_user
 
@@ -148,3 +148,85 @@ def test_open_figures_are_the_same_for_every_role(path, client, db, world):
         assert "secret-draft" not in response.text, (path, role)
         assert "target" in response.text, (path, role)
     assert all(body == bodies["anonymous"] for body in bodies.values()), path
+
+
+# Teams: only the team's founder and admins manage its members; a plain member, another team's founder and the
+# hub's administrator are refused (403), a visitor is sent to log in (pages) or gets 401 (API).
+TEAM_ROLES = ["anonymous", "admin", "outsider", "member", "team-admin", "founder"]
+TEAM_USERS = {"admin": "root", "founder": "fred", "team-admin": "tara", "member": "mel", "outsider": "otis"}
+TEAM_MANAGERS = {"team-admin", "founder"}
+# (name, method, path, body); every one acts on "mia", a plain member of team "crew"
+TEAM_API_ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
+    ("remove-member", "DELETE", "/api/teams/crew/members/mia", None),
+    ("promote-member", "POST", "/api/teams/crew/admins", {"username": "mia"}),
+]
+TEAM_PAGE_ROUTES = [
+    ("remove-member", "/teams/crew/members/mia/remove"),
+    ("promote-member", "/teams/crew/members/mia/promote"),
+]
+
+
+@pytest.fixture
+def team_world(client, db):
+    users = {role: make_user(db, name) for role, name in TEAM_USERS.items()}  # root first: the administrator
+    make_user(db, "mia")
+    client.post("/api/teams", json={"name": "crew"}, headers=api_token(client, "fred"))
+    client.post("/api/teams", json={"name": "rivals"}, headers=api_token(client, "otis"))
+    for name in ("tara", "mel", "mia"):
+        client.post("/api/teams/crew/join", headers=api_token(client, name))
+    assert (
+        client.post("/api/teams/crew/admins", json={"username": "tara"}, headers=api_token(client, "fred")).status_code
+        == 204
+    )
+    return users
+
+
+def mia_as_made(db) -> bool:
+    """Whether mia is still a plain member of crew; puts her back for the next case."""
+    with db.begin() as session:
+        mia = session.scalar(select(User).where(User.username == "mia"))
+        crew = session.scalar(select(Team).where(Team.name == "crew"))
+        row = session.get(TeamMember, mia.id)
+        unchanged = row is not None and row.team_id == crew.id and row.role == "member"
+        if row is None:
+            session.add(TeamMember(user_id=mia.id, team_id=crew.id, role="member"))
+        else:
+            row.role = "member"
+        return unchanged
+
+
+@pytest.mark.parametrize("route", TEAM_API_ROUTES, ids=[r[0] for r in TEAM_API_ROUTES])
+def test_team_api_route(route, client, db, team_world):
+    name, method, path, body = route
+    for role in TEAM_ROLES:
+        headers = {} if role == "anonymous" else api_token(client, TEAM_USERS[role])
+        response = client.request(method, path, headers=headers, **({"json": body} if body is not None else {}))
+        unchanged = mia_as_made(db)
+        if role in TEAM_MANAGERS:
+            assert response.status_code == 204 and not unchanged, (name, role, response.text)
+        else:
+            assert response.status_code == (401 if role == "anonymous" else 403), (name, role, response.text)
+            assert unchanged, (name, role)
+
+
+@pytest.mark.parametrize("route", TEAM_PAGE_ROUTES, ids=[r[0] for r in TEAM_PAGE_ROUTES])
+def test_team_page_form(route, app, db, team_world):
+    name, path = route
+    for role in TEAM_ROLES:
+        browser = TestClient(app)
+        if role == "anonymous":
+            csrf = csrf_from(browser.get("/login").text)
+        else:
+            csrf = csrf_from(browser.get("/login").text)
+            browser.post("/login", data={"username": TEAM_USERS[role], "password": PASSWORD, "csrf_token": csrf})
+            csrf = csrf_from(browser.get("/account").text)
+        with browser:
+            response = browser.post(path, data={"csrf_token": csrf}, follow_redirects=False)
+        unchanged = mia_as_made(db)
+        if role in TEAM_MANAGERS:
+            assert response.status_code == 303 and not unchanged, (name, role, response.status_code)
+        elif role == "anonymous":
+            assert response.status_code == 303 and response.headers["location"].startswith("/login"), (name, role)
+            assert unchanged, (name, role)
+        else:
+            assert response.status_code == 403 and unchanged, (name, role, response.status_code)

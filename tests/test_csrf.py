@@ -48,7 +48,10 @@ def test_every_form_without_a_valid_csrf_token_is_refused_and_changes_nothing(ap
     device = client.post("/api/auth/device/code", json={"client_name": "a laptop"}).json()
     with db() as session:
         invite_code = session.scalar(select(Experiment.invite_code).where(Experiment.slug == "target"))
-    path_values = {"slug": "target", "token_id": str(token_id), "code": invite_code}
+    # A team named like the experiment, founded by alice, which vera is in: the team forms act on it.
+    client.post("/api/teams", json={"name": "target"}, headers=api_token(client, "alice"))
+    client.post("/api/teams/target/join", headers=api_token(client, "vera"))
+    path_values = {"slug": "target", "token_id": str(token_id), "code": invite_code, "username": "vera"}
     # One form with the fields the routes read: with the session's token, most of them change something with it.
     form = {
         "username": "vera",
@@ -68,6 +71,7 @@ def test_every_form_without_a_valid_csrf_token_is_refused_and_changes_nothing(ap
 
     routes = page_routes()
     assert ("POST", "/login") in routes and ("POST", "/experiments/{slug}/status") in routes
+    assert ("POST", "/teams/{slug}/members/{username}/remove") in routes
     for method, template in routes:
         names = re.findall(r"{(\w+)(?::\w+)?}", template)
         missing = [name for name in names if name not in path_values]

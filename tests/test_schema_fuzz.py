@@ -45,3 +45,13 @@ def test_api_never_fails_or_breaks_its_schema(app, client, db):
         checked
     )
     assert {"GET /api/hub", "GET /api/stats/experiments.json", "GET /api/stats/experiments.csv"} <= set(checked)
+    assert {
+        "GET /api/teams",
+        "POST /api/teams",
+        "GET /api/teams/{slug}",
+        "POST /api/teams/{slug}/join",
+        "POST /api/teams/{slug}/leave",
+        "DELETE /api/teams/{slug}/members/{username}",
+        "POST /api/teams/{slug}/admins",
+        "GET /api/experiments/{slug}/teams",
+    } <= set(checked)

@@ -1,7 +1,7 @@
 """Database tables (SQLAlchemy 2). Change them only together with a migration in ``migrations/``.
 
 One module per area; every table and helper is importable from here (``from .models import X``). The areas'
-names sort in the order their tables are defined (accounts, experiments, reports, swarm, totals, training), so
+names sort in the order their tables are defined (accounts, experiments, reports, swarm, teams, totals, training), so
 ``Base.metadata`` lists the tables in that order.
 """
 
@@ -10,6 +10,7 @@ from .base import NAMING, Base, UTCDateTime, utcnow
 from .experiments import Experiment, ExperimentBan, ExperimentMember
 from .reports import MetricPoint, WorkerRun
 from .swarm import PeerEpoch, RoundCredit, SwarmFlag, SwarmLease, SwarmPeer, SwarmPeerKey, WitnessedRound
+from .teams import Team, TeamMember
 from .totals import ExperimentTotal, MetricBucket, VolunteerTotal
 from .training import Checkpoint, Corpus
 
@@ -32,6 +33,8 @@ __all__ = [
     "SwarmLease",
     "SwarmPeer",
     "SwarmPeerKey",
+    "Team",
+    "TeamMember",
     "UTCDateTime",
     "User",
     "VolunteerTotal",

@@ -14,7 +14,7 @@ from starlette.datastructures import UploadFile
 from swarmhub.worker.protocol import Aggregation, OptimizerName, Overlap, TrainingSettings
 from swarmhub.worker.tasks import available_tasks, get_task
 
-from .. import corpus_upload, experiments, quotas, rollback, training_data
+from .. import corpus_upload, experiments, quotas, rollback, teams, training_data
 from ..deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser, reconcile_after_commit
 from ..errors import AppError
 from ..models import Corpus
@@ -206,6 +206,7 @@ def _dashboard(
         "corpus_limit": corpus_upload.size_text(training_data.max_bytes(settings)),
         "corpus_error": corpus_error or {},
         "corpus_defaults": training_data.CorpusOptions(),
+        "team_standings": teams.experiment_standings(session, experiment),
     }
     return render(request, "dashboard.html", context, user=user, web=web, status_code=status_code)
 

@@ -1,0 +1,95 @@
+"""Team pages: ``/teams`` (standings and the form to found one) and ``/teams/{name}`` (members, standings per
+experiment, join and leave, and the founder's and admins' member controls). Forms post back with a CSRF token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from .. import quotas, teams
+from ..deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser
+from ..errors import AppError
+from ..ratelimit import check_account, limited
+from ..views import render
+from .page_helpers import WebSess, form_errors, router, see_other
+
+
+def _list(request: Request, session: DB, user: Any, web: Any, **extra: Any) -> Response:
+    status_code = extra.pop("status_code", 200)
+    context = {
+        "standings": teams.standings(session),
+        "mine": teams.team_of(session, user) if user is not None else None,
+        "values": {},
+        "errors": {},
+        **extra,
+    }
+    return render(request, "teams.html", context, user=user, web=web, status_code=status_code)
+
+
+@router.get("/teams")
+def teams_page(request: Request, session: DB, user: PageUser, web: WebSess) -> Response:
+    return _list(request, session, user, web)
+
+
+@router.post("/teams", dependencies=[CSRF, limited("team-create")])
+async def create_team(
+    request: Request, session: DB, settings: AppSettings, user: RequiredPageUser, web: WebSess
+) -> Response:
+    form = await request.form()
+    values = {"name": str(form.get("name", "")), "description": str(form.get("description", ""))}
+    try:
+        data = teams.TeamCreate.model_validate(values)
+        check_account(request, "team-create", user)
+        quotas.check_team_create(session, settings, user)
+        team = teams.create(session, user, data)
+    except ValidationError as exc:
+        return _list(request, session, user, web, values=values, errors=form_errors(exc), status_code=422)
+    except AppError as exc:
+        errors = {exc.field or "form": exc.message}
+        return _list(request, session, user, web, values=values, errors=errors, status_code=exc.status_code)
+    return see_other(teams.team_path(team.name))
+
+
+@router.get("/teams/{slug}")
+def team_page(request: Request, slug: str, session: DB, user: PageUser, web: WebSess) -> Response:
+    team = teams.get(session, slug)
+    row = teams.membership(session, user) if user is not None else None
+    context = {
+        "team": teams.detail(session, slug),
+        "member": row is not None and row.team_id == team.id,
+        "elsewhere": row is not None and row.team_id != team.id,
+        "can_manage": teams.can_manage(session, team, user),
+        "is_founder": user is not None and user.id == team.founder_id,
+    }
+    return render(request, "team.html", context, user=user, web=web)
+
+
+@router.post("/teams/{slug}/join", dependencies=[CSRF])
+def join_team(slug: str, session: DB, user: RequiredPageUser) -> Response:
+    team = teams.get(session, slug)
+    teams.join(session, user, team)
+    return see_other(teams.team_path(team.name))
+
+
+@router.post("/teams/{slug}/members/{username}/remove", dependencies=[CSRF])
+def remove_member(slug: str, username: str, session: DB, user: RequiredPageUser) -> Response:
+    team = teams.get(session, slug)
+    teams.remove_member(session, user, team, username)
+    return see_other(teams.team_path(team.name))
+
+
+@router.post("/teams/{slug}/members/{username}/promote", dependencies=[CSRF])
+def promote_member(slug: str, username: str, session: DB, user: RequiredPageUser) -> Response:
+    team = teams.get(session, slug)
+    teams.promote(session, user, team, username)
+    return see_other(teams.team_path(team.name))
+
+
+# Defined last: the CSRF test posts every form in order, and leaving may end the team the others act on.
+@router.post("/teams/{slug}/leave", dependencies=[CSRF])
+def leave_team(slug: str, session: DB, user: RequiredPageUser) -> Response:
+    teams.leave(session, user, teams.get(session, slug))
+    return see_other("/teams")

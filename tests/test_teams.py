@@ -1,0 +1,286 @@
+"""Teams: found, join and leave (one team at a time), the founder's place passing on and the last member's leaving
+ending the team; only the founder and admins manage members; the standings are the ledger's sums of the current
+members' verified samples; names follow the username rules, descriptions are shown as text; a few teams per
+account a day."""
+
+from __future__ import annotations
+
+import html
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from starlette.testclient import TestClient
+
+from swarmhub.server.models import Experiment, Team, TeamMember, User, VolunteerTotal, utcnow
+
+from .conftest import api_token, login, make_experiment, make_user
+from .support import observe, witness
+
+pytestmark = pytest.mark.both_databases  # case-insensitive names and grouped sums on each database
+
+PAYLOAD = "<img src=x onerror=alert(1)>"
+
+
+def members(db: Any, name: str) -> dict[str, str]:
+    """username -> role, as the table holds it."""
+    with db() as session:
+        rows = session.execute(
+            select(User.username, TeamMember.role)
+            .join(TeamMember, TeamMember.user_id == User.id)
+            .join(Team, Team.id == TeamMember.team_id)
+            .where(Team.name == name)
+        ).all()
+        return dict(rows)
+
+
+def founder(db: Any, name: str) -> str | None:
+    with db() as session:
+        return session.scalar(select(User.username).join(Team, Team.founder_id == User.id).where(Team.name == name))
+
+
+def test_found_join_leave_and_the_founders_place_passes_on(client, db):
+    for name in ("ada", "grace", "linus", "olga"):
+        make_user(db, name)
+    ada, grace, linus, olga = (api_token(client, n) for n in ("ada", "grace", "linus", "olga"))
+
+    created = client.post("/api/teams", json={"name": "Rustaceans", "description": "We crab"}, headers=ada)
+    assert created.status_code == 201, created.text
+    assert created.json()["founder"] == "ada" and created.json()["members"] == 1
+    assert members(db, "Rustaceans") == {"ada": "admin"}
+    for who in (grace, linus, olga):
+        assert client.post("/api/teams/rustaceans/join", headers=who).json() == {"team": "Rustaceans", "role": "member"}
+    assert client.post("/api/teams/Rustaceans/admins", json={"username": "linus"}, headers=ada).status_code == 204
+
+    # One team at a time: neither founding nor joining another while in one.
+    other = client.post("/api/teams", json={"name": "Gophers"}, headers=grace)
+    assert other.status_code == 409 and other.json()["field"] == "name"
+    client.post("/api/teams", json={"name": "Gophers"}, headers=make_token(client, db, "ken"))
+    joined = client.post("/api/teams/Gophers/join", headers=grace)
+    assert joined.status_code == 409 and joined.json()["field"] == "team"
+    assert client.get("/api/users/grace").json()["team"] == "Rustaceans"
+
+    # The founder leaves: the oldest admin (linus), not the older plain member (grace), takes over.
+    assert client.post("/api/teams/Rustaceans/leave", headers=ada).json() == {"team": None, "role": None}
+    assert founder(db, "Rustaceans") == "linus"
+    assert client.get("/api/users/ada").json()["team"] is None
+    assert client.post("/api/teams/Rustaceans/leave", headers=ada).status_code == 409  # not in it any more
+    # Without an admin left, the oldest member becomes founder and admin.
+    client.post("/api/teams/Rustaceans/leave", headers=linus)
+    assert founder(db, "Rustaceans") == "grace" and members(db, "Rustaceans") == {"grace": "admin", "olga": "member"}
+    client.post("/api/teams/Rustaceans/leave", headers=grace)
+    client.post("/api/teams/Rustaceans/leave", headers=olga)
+    # The last one out ends the team; its name is free again.
+    assert client.get("/api/teams/Rustaceans").status_code == 404
+    assert client.post("/api/teams", json={"name": "rustaceans"}, headers=olga).status_code == 201
+
+
+def make_token(client: TestClient, db: Any, name: str) -> dict[str, str]:
+    make_user(db, name)
+    return api_token(client, name)
+
+
+def test_names_follow_the_username_rules_and_are_unique_whatever_the_case(client, db):
+    ada, grace = make_token(client, db, "ada"), make_token(client, db, "grace")
+    for bad in (PAYLOAD, "a", "x" * 33, "-dash", "two words", "swarm_hub"):
+        response = client.post("/api/teams", json={"name": bad}, headers=ada)
+        assert response.status_code in (409, 422), (bad, response.text)
+        body = response.json()
+        assert body.get("field") == "name" or body["detail"][0]["loc"] == ["body", "name"], (bad, body)
+    too_long = client.post("/api/teams", json={"name": "ok", "description": "d" * 501}, headers=ada)
+    assert too_long.status_code == 422 and too_long.json()["detail"][0]["loc"] == ["body", "description"]
+    assert client.post("/api/teams", json={"name": "Crabs"}, headers=ada).status_code == 201
+    taken = client.post("/api/teams", json={"name": "CRABS"}, headers=grace)
+    assert taken.status_code == 409 and taken.json() == {"detail": "that team name is taken", "field": "name"}
+    with db() as session:
+        assert session.scalar(select(func.count(Team.id))) == 1
+
+
+def page_post(browser: TestClient, csrf: str, path: str, **form: str) -> Any:
+    return browser.post(path, data={**form, "csrf_token": csrf}, follow_redirects=False)
+
+
+def test_only_the_founder_and_admins_manage_members(app, client, db):
+    for name in ("ada", "linus", "grace", "olga", "ken", "rob"):
+        make_user(db, name)
+    tokens = {n: api_token(client, n) for n in ("ada", "linus", "grace", "olga", "ken", "rob")}
+    client.post("/api/teams", json={"name": "Crabs"}, headers=tokens["ada"])
+    client.post("/api/teams", json={"name": "Gophers"}, headers=tokens["ken"])
+    for name in ("linus", "grace", "olga"):
+        client.post("/api/teams/Crabs/join", headers=tokens[name])
+    client.post("/api/teams/Gophers/join", headers=tokens["rob"])
+    client.post("/api/teams/Crabs/admins", json={"username": "linus"}, headers=tokens["ada"])
+
+    browsers = {}
+    for name in ("ada", "linus", "grace", "ken"):
+        browsers[name] = TestClient(app)
+        browsers[name].csrf = login(browsers[name], name)  # type: ignore[attr-defined]
+
+    def post(who: str, path: str) -> Any:
+        return page_post(browsers[who], browsers[who].csrf, path)  # type: ignore[attr-defined]
+
+    # A plain member may neither remove nor promote anyone.
+    assert post("grace", "/teams/Crabs/members/olga/remove").status_code == 403
+    assert post("grace", "/teams/Crabs/members/olga/promote").status_code == 403
+    assert client.delete("/api/teams/Crabs/members/olga", headers=tokens["grace"]).status_code == 403
+    # Another team's founder cannot act here, and no one acts here on another team's member.
+    assert post("ken", "/teams/Crabs/members/olga/remove").status_code == 403
+    assert post("ada", "/teams/Crabs/members/rob/remove").status_code == 404
+    assert client.delete("/api/teams/Crabs/members/rob", headers=tokens["ada"]).json()["field"] == "username"
+    # An admin removes no founder and no other admin.
+    assert post("linus", "/teams/Crabs/members/ada/remove").status_code == 403
+    assert members(db, "Crabs") == {"ada": "admin", "linus": "admin", "grace": "member", "olga": "member"}
+    assert members(db, "Gophers") == {"ken": "admin", "rob": "member"}
+
+    # An admin removes a plain member; the founder removes an admin.
+    assert post("linus", "/teams/Crabs/members/olga/remove").status_code == 303
+    assert post("ada", "/teams/Crabs/members/grace/promote").status_code == 303
+    assert post("linus", "/teams/Crabs/members/grace/remove").status_code == 403
+    assert post("ada", "/teams/Crabs/members/grace/remove").status_code == 303
+    assert members(db, "Crabs") == {"ada": "admin", "linus": "admin"}
+    # The controls are shown to those who may use them only.
+    assert "/members/linus/remove" in browsers["ada"].get("/teams/Crabs").text
+    assert "/remove" not in browsers["ken"].get("/teams/Crabs").text
+
+
+def test_standings_are_the_ledgers_sums_of_current_members(client, db):
+    olga = make_user(db, "olga")
+    for name in ("ada", "grace", "linus", "ken"):
+        make_user(db, name)
+    tokens = {n: api_token(client, n) for n in ("ada", "grace", "linus", "ken")}
+    alpha = make_experiment(db, olga, slug="alpha", status="running")
+    beta = make_experiment(db, olga, slug="beta", status="running")
+    draft = make_experiment(db, olga, slug="secret", status="draft")
+    t0 = utcnow() - timedelta(minutes=5)
+    for experiment, senders in (
+        (alpha, [("ada", "QmA", 100), ("grace", "QmG", 30), ("linus", "QmL", 50), ("ken", "QmK", 7)]),
+        (beta, [("ada", "QmA2", 20), ("linus", "QmL2", 90)]),
+        (draft, [("ada", "QmA3", 1000)]),
+    ):
+        observe(db, experiment.id, t0, *[(n, p, 1, s) for n, p, s in senders])
+        witness(db, experiment.id, t0 + timedelta(seconds=1), f"r-{experiment.slug}", 1,
+                [(n, p, float(s)) for n, p, s in senders])  # fmt: skip
+    client.post("/api/teams", json={"name": "Crabs"}, headers=tokens["ada"])
+    client.post("/api/teams/Crabs/join", headers=tokens["grace"])
+    client.post("/api/teams", json={"name": "Gophers"}, headers=tokens["linus"])
+    # ken is in no team: his samples count for none.
+
+    with db() as session:
+
+        def verified(names: list[str], slugs: list[str]) -> int:
+            return int(
+                session.scalar(
+                    select(func.sum(VolunteerTotal.verified_samples))
+                    .join(User, User.id == VolunteerTotal.user_id)
+                    .join(Experiment, Experiment.id == VolunteerTotal.experiment_id)
+                    .where(User.username.in_(names), Experiment.slug.in_(slugs))
+                )
+                or 0
+            )
+
+        crabs_all, gophers_all = verified(["ada", "grace"], ["alpha", "beta"]), verified(["linus"], ["alpha", "beta"])
+        crabs_alpha, gophers_alpha = verified(["ada", "grace"], ["alpha"]), verified(["linus"], ["alpha"])
+        alpha_total = verified(["ada", "grace", "linus", "ken"], ["alpha"])
+    assert crabs_all > 0 and gophers_all > 0 and crabs_all != gophers_all
+
+    hub = client.get("/api/teams").json()
+    assert [(t["name"], t["members"], t["verified_samples"]) for t in hub] == sorted(
+        [("Crabs", 2, crabs_all), ("Gophers", 1, gophers_all)], key=lambda t: -t[2]
+    )  # the draft's 1000 samples count for no one here
+    assert [t["rank"] for t in hub] == [1, 2]
+    board = client.get("/api/experiments/alpha/teams").json()
+    assert {t["name"]: (t["verified_samples"], t["contributors"]) for t in board} == {
+        "Crabs": (crabs_alpha, 2),
+        "Gophers": (gophers_alpha, 1),
+    }
+    assert {t["name"]: t["share"] for t in board}["Crabs"] == round(crabs_alpha / alpha_total, 4)
+    crabs = client.get("/api/teams/Crabs").json()
+    assert {m["username"]: m["verified_samples"] for m in crabs["member_list"]} == {
+        "ada": crabs_all - verified_of(client, "grace"),
+        "grace": verified_of(client, "grace"),
+    }
+    assert {e["slug"]: e["verified_samples"] for e in crabs["experiments"]} == {
+        "alpha": crabs_alpha,
+        "beta": crabs_all - crabs_alpha,
+    }
+    # The dashboard shows the same table.
+    page = client.get("/experiments/alpha").text
+    assert 'data-team="Crabs"' in page and f"{crabs_alpha:,}" in page
+
+    # A member's whole contribution moves with them: grace leaves, and Crabs loses all of hers.
+    client.post("/api/teams/Crabs/leave", headers=tokens["grace"])
+    assert client.get("/api/teams/Crabs").json()["verified_samples"] == crabs_all - verified_of(client, "grace")
+
+
+def verified_of(client: TestClient, username: str) -> int:
+    return int(client.get(f"/api/users/{username}").json()["verified_samples"])
+
+
+def test_team_pages_show_markup_as_text_and_hide_hidden_members(app, client, db):
+    make_user(db, "ada")
+    make_user(db, "shy")
+    client.post("/api/teams", json={"name": "Crabs", "description": PAYLOAD}, headers=api_token(client, "ada"))
+    client.post("/api/teams/Crabs/join", headers=api_token(client, "shy"))
+    with db.begin() as session:
+        session.scalar(select(User).where(User.username == "shy")).profile_hidden = True
+    page = client.get("/teams/crabs")
+    assert page.status_code == 200
+    assert PAYLOAD not in page.text and html.escape(PAYLOAD, quote=False) in page.text
+    assert "/u/shy" not in page.text and 'id="hidden-members"' in page.text
+    detail = client.get("/api/teams/Crabs").json()
+    assert detail["members"] == 2 and detail["hidden_members"] == 1
+    assert [m["username"] for m in detail["member_list"]] == ["ada"]
+    assert 'href="/teams/Crabs"' in client.get("/u/ada").text
+    # A founder who hides their profile is not named either.
+    assert detail["founder"] == "ada" and "led by ada" in page.text
+    with db.begin() as session:
+        session.scalar(select(User).where(User.username == "ada")).profile_hidden = True
+    assert client.get("/api/teams/Crabs").json()["founder"] is None
+    assert client.get("/api/teams").json()[0]["founder"] is None
+    assert "led by" not in client.get("/teams/Crabs").text and "/u/ada" not in client.get("/teams/Crabs").text
+    assert client.get("/teams/nobody").status_code == 404
+
+
+def test_the_create_form_founds_a_team_and_shows_errors_inline(app, client, db):
+    make_user(db, "ada")
+    csrf = login(client, "ada")
+    refused = page_post(client, csrf, "/teams", name=PAYLOAD, description="")
+    assert refused.status_code == 422 and 'id="error-name"' in refused.text
+    assert PAYLOAD not in refused.text  # the value echoed back is escaped
+    created = page_post(client, csrf, "/teams", name="Crabs", description="We crab")
+    assert created.status_code == 303 and created.headers["location"] == "/teams/Crabs"
+    assert members(db, "Crabs") == {"ada": "admin"}
+    assert page_post(client, csrf, "/teams/Crabs/leave").status_code == 303
+    assert client.get("/api/teams").json() == []
+
+
+def test_an_account_founds_a_few_teams_a_day(app, client, db, settings):
+    make_user(db, "root")  # the first account is the administrator, whom quotas spare
+    ada = make_token(client, db, "ada")
+    helpers = [make_token(client, db, f"helper{i}") for i in range(3)]
+    for i in range(settings.quota_teams_per_day):  # founded, handed to a helper, left: the team stays
+        assert client.post("/api/teams", json={"name": f"flood{i}"}, headers=ada).status_code == 201
+        client.post(f"/api/teams/flood{i}/join", headers=helpers[i])
+        client.post(f"/api/teams/flood{i}/leave", headers=ada)
+    refused = client.post("/api/teams", json={"name": "flood9"}, headers=ada)
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0
+    assert refused.json()["field"] == "name"
+    with db() as session:
+        assert session.scalar(select(func.count(Team.id))) == settings.quota_teams_per_day
+
+
+def test_the_database_keeps_names_unique_whatever_the_case_and_one_team_per_volunteer(client, db):
+    """What two requests at once could both get past the service's checks with: the unique index on lower(name)
+    and the membership's primary key refuse the second write (``teams.create`` and ``teams.join`` answer it 409)."""
+    make_user(db, "ada")
+    grace = make_user(db, "grace")
+    client.post("/api/teams", json={"name": "Crabs"}, headers=api_token(client, "ada"))
+    client.post("/api/teams", json={"name": "Gophers"}, headers=api_token(client, "grace"))
+    with pytest.raises(IntegrityError), db.begin() as session:
+        session.add(Team(name="CRABS", description=""))
+    with pytest.raises(IntegrityError), db.begin() as session:
+        crabs = session.scalar(select(Team).where(Team.name == "Crabs"))
+        session.add(TeamMember(user_id=grace.id, team_id=crabs.id, role="member"))
+    assert members(db, "Crabs") == {"ada": "admin"} and members(db, "Gophers") == {"grace": "admin"}
