@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -131,12 +131,16 @@ class Conditions:
         return None
 
 
-def join_command(config: ServiceConfig, executable: list[str] | None = None) -> Callable[[str, Path], list[str]]:
+def join_command(
+    config: ServiceConfig, executable: list[str] | None = None, listen: Sequence[str] = ()
+) -> Callable[[str, Path], list[str]]:
     """The child's command line for experiment ``slug``: ``swarmhub join`` with the volunteer's limits."""
     base = executable or [sys.executable, "-m", "swarmhub.worker.cli"]
 
     def command(slug: str, progress_file: Path) -> list[str]:
         argv = [*base, "join", slug, "--progress-file", str(progress_file)]
+        for maddr in listen:
+            argv += ["--listen", maddr]
         if config.cpu_threads is not None:
             argv += ["--cpu-threads", str(config.cpu_threads)]
         if config.gpu_memory_fraction is not None:

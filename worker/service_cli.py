@@ -159,6 +159,7 @@ def status() -> None:
     show_default=True,
     help="Seconds a cleared pause condition must last",
 )
+@click.option("--listen", "listen", multiple=True, metavar="MADDR", help="Passed to `join --listen` (repeatable)")
 @click.option("--power-supply-root", type=click.Path(file_okay=False, path_type=Path), hidden=True)
 def run_service(
     experiments: Sequence[str],
@@ -170,6 +171,7 @@ def run_service(
     busy_threshold: float | None,
     poll: float,
     settle: float,
+    listen: Sequence[str],
     power_supply_root: Path | None,
 ) -> None:
     """Train in the foreground within the limits of config.toml (what the installed service runs)."""
@@ -198,7 +200,7 @@ def run_service(
     runner = Runner(
         config,
         state_dir(settings),
-        command=join_command(config),
+        command=join_command(config, listen=listen),
         conditions=default_conditions(config, power_supply_root),
         poll=poll,
         settle=settle,
