@@ -496,3 +496,62 @@ def test_run_service_stops_its_child_cleanly_on_sigterm(home: Path, tmp_path: Pa
     assert state is not None and state.state == "stopped"
     assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     assert json.loads(state_file.read_text())["reason"] == "the service was stopped"
+
+
+# -- the limits reach the training process ------------------------------------------------------------------
+
+
+def test_the_join_command_carries_the_limits() -> None:
+    from swarmhub.worker.runner import join_command
+
+    config = ServiceConfig(experiments=["alpha"], cpu_threads=2, gpu_memory_fraction=0.5)
+    argv = join_command(config, ["swarmhub"], listen=["/ip4/127.0.0.1/tcp/0"])("alpha", Path("/s/progress.json"))
+    assert argv == [
+        "swarmhub",
+        "join",
+        "alpha",
+        "--progress-file",
+        "/s/progress.json",
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+        "--cpu-threads",
+        "2",
+        "--gpu-memory-fraction",
+        "0.5",
+    ]
+    plain = join_command(ServiceConfig(experiments=["alpha"]), ["swarmhub"])("alpha", Path("/p"))
+    assert "--cpu-threads" not in plain and "--gpu-memory-fraction" not in plain
+
+
+def test_cpu_threads_set_torchs_threads_and_a_gpu_fraction_is_ignored_on_the_cpu() -> None:
+    import torch
+
+    from swarmhub.worker.joining import apply_resource_limits
+
+    before = torch.get_num_threads()
+    try:
+        apply_resource_limits(torch.device("cpu"), 1, 0.5)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="no CUDA device here: the memory fraction needs one"
+)
+def test_the_gpu_memory_fraction_caps_what_training_may_allocate() -> None:
+    import torch
+
+    from swarmhub.worker.joining import apply_resource_limits
+
+    device = torch.device("cuda", 0)
+    total = torch.cuda.get_device_properties(device).total_memory
+    apply_resource_limits(device, None, 0.25)
+    try:
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.empty(int(total * 0.5), dtype=torch.uint8, device=device)
+        small = torch.empty(int(total * 0.1), dtype=torch.uint8, device=device)
+        del small
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.empty_cache()
