@@ -175,7 +175,8 @@ def test_broken_toml_and_a_missing_experiment_say_what_to_do(home: Path) -> None
     assert result.exit_code == ExitCode.USAGE
     assert "No experiment chosen: add experiments" in result.output
     result = runner.invoke(main, ["run-service", "--cpu-threads", "0", "--experiment", "alpha"])
-    assert result.exit_code == ExitCode.USAGE and "invalid cpu_threads" in result.output
+    assert result.exit_code == ExitCode.USAGE
+    assert result.output.startswith("Error: run-service: invalid --cpu-threads: set it to a whole number")
 
 
 def test_the_hours_may_cross_midnight() -> None:
@@ -555,3 +556,25 @@ def test_the_gpu_memory_fraction_caps_what_training_may_allocate() -> None:
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
         torch.cuda.empty_cache()
+
+
+def test_the_status_says_what_a_joins_exit_code_means(home: Path, stand_in: StandIn, runners: list[Runner]) -> None:
+    _, modes, command = stand_in
+    modes["alpha"] = f"exit{int(ExitCode.AUTH)}"
+    config = ServiceConfig(experiments=["alpha"], pause_on_battery=False)
+    runner = Runner(
+        config,
+        home / "state" / "service",
+        command=command,
+        conditions=Conditions(config),
+        clock=FakeClock(datetime(2026, 12, 2, 12, 0)),
+    )
+    runners.append(runner)
+    runner.tick()
+    assert runner.child is not None
+    runner.child.wait(20)
+    runner.tick()
+    result = CliRunner().invoke(main, ["service", "status"])
+    assert "state: waiting: restarting alpha in 5 s after exit code 3 (not logged in or token rejected: run " in (
+        result.output
+    )

@@ -108,19 +108,22 @@ def config_path(config_dir: Path) -> Path:
     return Path(config_dir) / CONFIG_FILE
 
 
-def validate_config(values: dict[str, Any], source: str) -> ServiceConfig:
-    """``values`` as a :class:`ServiceConfig`, or a one-line usage error that names the first bad key."""
+def validate_config(values: dict[str, Any], source: str, *, flags: bool = False) -> ServiceConfig:
+    """``values`` as a :class:`ServiceConfig`, or a one-line usage error that names the first bad key (as the
+    ``run-service`` option of that name with ``flags``)."""
     try:
         return ServiceConfig.model_validate(values)
     except ValidationError as exc:
         err = exc.errors()[0]
-        key = str(err["loc"][0]) if err["loc"] else "?"
+        field = str(err["loc"][0]) if err["loc"] else "?"
+        hint = _HINTS.get(field, err["msg"])
+        key = "--" + field.replace("_", "-") if flags else field
         if err["type"] == "extra_forbidden":
             known = ", ".join(_HINTS)
             raise WorkerError(
                 f"{source}: unknown key {key!r}: remove it (known keys: {known})", ExitCode.USAGE
             ) from None
-        raise WorkerError(f"{source}: invalid {key}: set it to {_HINTS.get(key, err['msg'])}", ExitCode.USAGE) from None
+        raise WorkerError(f"{source}: invalid {key}: set it to {hint}", ExitCode.USAGE) from None
 
 
 def load_config(config_dir: Path) -> ServiceConfig:

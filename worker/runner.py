@@ -43,6 +43,16 @@ HEALTHY_RUN = 600.0  # a child that ran this long before crashing restarts after
 STOP_GRACE = 90.0  # the child's clean leave: the reporter's flush and hivemind's shutdown
 # Exit codes about the experiment rather than this machine: the next experiment in the list gets its turn.
 HAND_OVER = {ExitCode.NOT_FOUND, ExitCode.NOT_ACCEPTING, ExitCode.REMOVED}
+# What an exit code of `join` means, for `swarmhub service status` (the join's own line is in the journal).
+EXIT_MEANING = {
+    ExitCode.USAGE: "a bad option or limit",
+    ExitCode.AUTH: "not logged in or token rejected: run `swarmhub login`",
+    ExitCode.NOT_FOUND: "unknown experiment: check `experiments` in config.toml",
+    ExitCode.UNREACHABLE: "server unreachable",
+    ExitCode.NOT_ACCEPTING: "the experiment is not accepting volunteers",
+    ExitCode.CLOCK: "this machine's clock is off: sync it",
+    ExitCode.REMOVED: "removed by the organizer",
+}
 
 
 class JoinProgress(BaseModel):
@@ -219,6 +229,8 @@ class Runner:
         if self.child is None:
             if now < self.not_before:
                 why = f"restarting {self.experiment} in {self.not_before - now:.0f} s after exit code {self.last_exit}"
+                if self.last_exit in EXIT_MEANING:
+                    why += f" ({EXIT_MEANING[ExitCode(self.last_exit)]})"
                 return self._record("waiting", why)
             self._start_child(now)
         return self._record("running", None)

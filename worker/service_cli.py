@@ -188,7 +188,7 @@ def run_service(
         "busy_threshold": busy_threshold,
     }
     merged = {**config.model_dump(exclude_unset=True), **{k: v for k, v in flags.items() if v is not None}}
-    config = validate_config(merged, "run-service")
+    config = validate_config(merged, "run-service", flags=True)  # the file was valid: a bad value is a flag's
     if not config.experiments:
         raise WorkerError(
             f'No experiment chosen: add experiments = ["SLUG"] to {config_path(settings.config_dir)} '
