@@ -74,7 +74,10 @@ def test_a_background_worker_pauses_on_battery_and_rejoins_on_mains(tmp_path: Pa
         seen: set[int] = set()
         try:
             first = wait_state(
-                state_file, lambda s: s.state == "running" and s.progress is not None, "training", service
+                state_file,
+                lambda s: s.state == "running" and s.progress is not None and s.progress.last_ack_at is not None,
+                "training, and a report acknowledged",
+                service,
             )
             assert first.progress is not None and first.progress.experiment == SLUG
             seen |= descendants(service)
