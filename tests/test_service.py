@@ -506,7 +506,8 @@ def test_the_join_command_carries_the_limits() -> None:
     from swarmhub.worker.runner import join_command
 
     config = ServiceConfig(experiments=["alpha"], cpu_threads=2, gpu_memory_fraction=0.5)
-    argv = join_command(config, ["swarmhub"], listen=["/ip4/127.0.0.1/tcp/0"])("alpha", Path("/s/progress.json"))
+    command = join_command(config, ["swarmhub"], listen=["/ip4/127.0.0.1/tcp/0"], insecure=True)
+    argv = command("alpha", Path("/s/progress.json"))
     assert argv == [
         "swarmhub",
         "join",
@@ -515,13 +516,14 @@ def test_the_join_command_carries_the_limits() -> None:
         "/s/progress.json",
         "--listen",
         "/ip4/127.0.0.1/tcp/0",
+        "--insecure",
         "--cpu-threads",
         "2",
         "--gpu-memory-fraction",
         "0.5",
     ]
     plain = join_command(ServiceConfig(experiments=["alpha"]), ["swarmhub"])("alpha", Path("/p"))
-    assert "--cpu-threads" not in plain and "--gpu-memory-fraction" not in plain
+    assert plain == ["swarmhub", "join", "alpha", "--progress-file", "/p"]
 
 
 def test_cpu_threads_set_torchs_threads_and_a_gpu_fraction_is_ignored_on_the_cpu() -> None:

@@ -142,7 +142,7 @@ class Conditions:
 
 
 def join_command(
-    config: ServiceConfig, executable: list[str] | None = None, listen: Sequence[str] = ()
+    config: ServiceConfig, executable: list[str] | None = None, listen: Sequence[str] = (), insecure: bool = False
 ) -> Callable[[str, Path], list[str]]:
     """The child's command line for experiment ``slug``: ``swarmhub join`` with the volunteer's limits."""
     base = executable or [sys.executable, "-m", "swarmhub.worker.cli"]
@@ -151,6 +151,8 @@ def join_command(
         argv = [*base, "join", slug, "--progress-file", str(progress_file)]
         for maddr in listen:
             argv += ["--listen", maddr]
+        if insecure:
+            argv.append("--insecure")
         if config.cpu_threads is not None:
             argv += ["--cpu-threads", str(config.cpu_threads)]
         if config.gpu_memory_fraction is not None:

@@ -17,6 +17,7 @@ from .limits import config_path, load_config, validate_config
 from .runner import Runner, ServiceState, default_conditions, join_command, read_state
 from .service_units import Outcome, ServiceManager, swarmhub_executable
 from .settings import WorkerSettings
+from .transport import insecure_option
 
 logger = logging.getLogger("swarmhub.worker.service")
 
@@ -160,6 +161,7 @@ def status() -> None:
     help="Seconds a cleared pause condition must last",
 )
 @click.option("--listen", "listen", multiple=True, metavar="MADDR", help="Passed to `join --listen` (repeatable)")
+@insecure_option
 @click.option("--power-supply-root", type=click.Path(file_okay=False, path_type=Path), hidden=True)
 def run_service(
     experiments: Sequence[str],
@@ -172,6 +174,7 @@ def run_service(
     poll: float,
     settle: float,
     listen: Sequence[str],
+    insecure: bool,
     power_supply_root: Path | None,
 ) -> None:
     """Train in the foreground within the limits of config.toml (what the installed service runs)."""
@@ -200,7 +203,7 @@ def run_service(
     runner = Runner(
         config,
         state_dir(settings),
-        command=join_command(config, listen=listen),
+        command=join_command(config, listen=listen, insecure=insecure),
         conditions=default_conditions(config, power_supply_root),
         poll=poll,
         settle=settle,
