@@ -13,4 +13,7 @@ Imported as ``swarmhub.worker``. It never imports the server, FastAPI or SQLAlch
 - ``tasks``: what is trained (model, data, loss), as plugins found by name.
 - ``cli``: the ``swarmhub`` command (login, whoami, logout, experiments, join; server wrappers); ``login`` the
   browser login, ``joining`` what ``join`` does before the session, ``session`` the session runner.
+- the background worker: ``service_cli`` the ``service`` and ``run-service`` commands, ``service_units`` the
+  systemd unit and launchd plist, ``runner`` the loop that supervises ``join`` within the limits, ``limits`` the
+  volunteer's ``config.toml`` and the checks behind it (hours, battery, other programs' CPU load).
 """

@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 from pydantic import SecretStr, ValidationError
 
 from .. import __version__
+from . import service_cli
 from .client import USER_AGENT, ApiClient, ExitCode, WorkerError, not_logged_in
 from .credentials import (
     StoredCredentials,
@@ -87,6 +89,7 @@ def main() -> None:
 
     \b
     Volunteers:  swarmhub login --server URL;  swarmhub experiments;  swarmhub join SLUG
+    Background:  swarmhub service install|start|stop|status|uninstall  (limits in config.toml)
     Exit codes:  0 ok, 1 unexpected error, 2 usage, 3 authentication, 4 unknown experiment,
                  5 server unreachable, 6 experiment not accepting volunteers, 7 clock off, 8 removed,
                  130 Ctrl-C, 143 SIGTERM
@@ -233,6 +236,13 @@ def experiments(insecure: bool) -> None:
     show_default=True,
     help="Compute precision: auto is bf16 or fp16 on CUDA, fp32 on the CPU; the swarm always averages fp32",
 )
+@click.option("--cpu-threads", type=click.IntRange(min=1), help="CPU threads for training (torch.set_num_threads)")
+@click.option(
+    "--gpu-memory-fraction",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    help="Largest share of the GPU's memory training may take (CUDA only)",
+)
+@click.option("--progress-file", type=click.Path(dir_okay=False, path_type=Path), hidden=True)
 @click.option("--verbose", is_flag=True, help="Show hivemind's logs on the console instead of the log file")
 @insecure_option
 def join(
@@ -244,6 +254,9 @@ def join(
     client_mode: bool,
     auxiliary: bool,
     precision: str,
+    cpu_threads: int | None,
+    gpu_memory_fraction: float | None,
+    progress_file: Path | None,
     verbose: bool,
     insecure: bool,
 ) -> None:
@@ -267,6 +280,9 @@ def join(
         auxiliary=auxiliary,
         precision=precision,
         verbose=verbose,
+        cpu_threads=cpu_threads,
+        gpu_memory_fraction=gpu_memory_fraction,
+        progress_file=progress_file,
     )
     raise click.exceptions.Exit(code)
 
@@ -326,6 +342,12 @@ def doctor(slug: str | None, device: str, listen: Sequence[str], insecure: bool)
     worst = checks.worst(findings)
     click.echo("Ready to join." if worst != checks.FAIL else "Fix what failed above, then run `swarmhub doctor` again.")
     raise click.exceptions.Exit(0 if worst != checks.FAIL else ExitCode.ERROR)
+
+
+# -- the background worker (service_cli) ----------------------------------------------------------------------
+
+main.add_command(service_cli.service)
+main.add_command(service_cli.run_service)
 
 
 # -- server-side commands (the [server] extra) --------------------------------------------------------------

@@ -37,6 +37,9 @@ def join_and_train(
     auxiliary: bool,
     precision: str,
     verbose: bool,
+    cpu_threads: int | None = None,
+    gpu_memory_fraction: float | None = None,
+    progress_file: Path | None = None,
 ) -> int:
     """Join experiment ``slug`` with ``client`` (not yet opened: closed once joined) and train with its swarm until
     stopped; returns the session's exit code. Raises :class:`WorkerError` for what stops it before the session."""
@@ -46,6 +49,7 @@ def join_and_train(
 
     torch_device = resolve_device(device)
     resolve_precision(precision, torch_device)  # a precision this device lacks is a usage error, before joining
+    apply_resource_limits(torch_device, cpu_threads, gpu_memory_fraction)
     with client:
         username = client.me().username
         # One key per user and experiment on this machine: the peer ID, the swarm token and the signed
@@ -111,8 +115,20 @@ def join_and_train(
         fetch_token=fetch_token,
         denied=denied,
         corpus=corpus,
+        progress_file=progress_file,
     )
     return code
+
+
+def apply_resource_limits(device: Any, cpu_threads: int | None, gpu_memory_fraction: float | None) -> None:
+    """The volunteer's share of this machine for the training in this process: torch's intra-op threads, and
+    the part of the GPU's memory its caching allocator may take (on CUDA only; ignored elsewhere)."""
+    import torch
+
+    if cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
+    if gpu_memory_fraction is not None and device.type == "cuda" and torch.cuda.is_available():
+        torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction, device)
 
 
 def _send_leftovers(server_url: str, token: str, joined: JoinResponse, folder: Path) -> None:

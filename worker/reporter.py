@@ -19,6 +19,7 @@ import json
 import logging
 import random
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -104,6 +105,7 @@ class Reporter:
         self._fatal: WorkerError | None = None
         self._connected = False
         self._acked = False  # whether the server acknowledged anything on the current connection
+        self._last_ack_at: float | None = None  # wall-clock time of the last Ack, for `swarmhub service status`
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -158,6 +160,11 @@ class Reporter:
         """Messages not yet acknowledged by the server."""
         with self._lock:
             return len(self._buffer)
+
+    @property
+    def last_ack_at(self) -> float | None:
+        """When the server last acknowledged a report (``time.time()``), or None before the first Ack."""
+        return self._last_ack_at
 
     @property
     def connected(self) -> bool:
@@ -302,6 +309,7 @@ class Reporter:
     def _on_ack(self, ack: Ack) -> None:
         # Acks are cumulative: the server handles one connection's messages in order.
         self._acked = True
+        self._last_ack_at = time.time()
         with self._lock:
             while self._buffer and self._buffer[0][0] <= ack.seq:
                 self._buffer.popleft()

@@ -53,6 +53,7 @@ def run_session(
     fetch_token: Callable[[], SwarmToken] | None = None,
     denied: Callable[[], set[str]] | None = None,
     corpus: Any = None,
+    progress_file: Path | None = None,
 ) -> int:
     """Train with the swarm as ``swarmhub join`` does, and return the exit code.
 
@@ -60,7 +61,8 @@ def run_session(
     ``log_path`` (unless ``verbose``), SIGINT/SIGTERM stop training cleanly (a second Ctrl-C forces), one
     progress line goes to ``out`` (stdout), and ``reporter`` (if any) is flushed and closed before returning.
     A command that exits right after passes ``restore_stderr=False``: fd 2 then stays on the log file, which
-    keeps hivemind's noise at interpreter exit out of the console.
+    keeps hivemind's noise at interpreter exit out of the console. With ``progress_file``, every progress
+    snapshot is also written there (for ``swarmhub service status``).
     """
     from .training import train
     from .training_loop import StopReason
@@ -71,6 +73,7 @@ def run_session(
     error: WorkerError | None = None
     with _swarm_logging(log_path, verbose, restore_stderr) as console:
         line = _ProgressLine(out)
+        on_progress = line.update if progress_file is None else _recording(line.update, progress_file, joined, reporter)
         with _stop_on_signals(stop, console) as received:
             try:
                 where = "" if verbose else f" (hivemind's log: {log_path})"
@@ -86,7 +89,7 @@ def run_session(
                     max_steps=max_steps,
                     max_minutes=max_minutes,
                     reporter=reporter,
-                    on_progress=line.update,
+                    on_progress=on_progress,
                     stop_event=stop,
                     identity_path=identity_path,
                     fetch_token=fetch_token,
@@ -131,6 +134,34 @@ def run_session(
             console.write("Left the swarm (SIGTERM).\n")
             return ExitCode.TERMINATED
         return ExitCode.OK
+
+
+def _recording(
+    show: Callable[[Progress], None], path: Path, joined: JoinResponse, reporter: Reporter | None
+) -> Callable[[Progress], None]:
+    """``show`` each snapshot, and write it to ``path`` with the reporter's acknowledgements."""
+    from .runner import JoinProgress, write_json_atomically
+
+    def update(p: Progress) -> None:
+        show(p)
+        acked = reporter.last_ack_at if reporter is not None else None
+        record = JoinProgress(
+            experiment=joined.experiment.slug,
+            step=p.step,
+            samples=p.samples,
+            samples_per_second=p.samples_per_second,
+            loss=p.loss,
+            peers=p.peers,
+            unacked_reports=reporter.pending if reporter is not None else None,
+            last_ack_at=datetime.fromtimestamp(acked, timezone.utc) if acked is not None else None,
+            updated_at=datetime.now(timezone.utc),
+        )
+        try:
+            write_json_atomically(path, record.model_dump_json())
+        except OSError as exc:  # the status file is a courtesy: training goes on without it
+            logger.debug("could not write %s: %s", path, exc)
+
+    return update
 
 
 class _ProgressLine:

@@ -1,0 +1,582 @@
+"""The background worker: the systemd unit and launchd plist it installs, the limits in config.toml, the checks
+behind them (hours, battery on a fake sysfs tree, other programs' CPU load on a fake /proc tree), and the runner's
+decisions driving a real child process that stands in for `swarmhub join`.
+
+The clock and the machine's power supply are the outside boundaries replaced here; the runner, the checks and the
+commands are the real ones. `systemctl --user` is used for real only where a user service manager answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import plistlib
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from swarmhub.worker.cli import main
+from swarmhub.worker.client import ExitCode
+from swarmhub.worker.limits import CpuSampler, Hours, ServiceConfig, on_battery_linux, on_battery_macos
+from swarmhub.worker.runner import Conditions, Runner, read_state
+from swarmhub.worker.service_units import (
+    ServiceManager,
+    launchd_plist,
+    swarmhub_executable,
+    systemd_unit,
+    systemd_usable,
+)
+from swarmhub.worker.settings import WorkerSettings
+
+TOKEN = "shh-service-secret-token"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary HOME and XDG_CONFIG_HOME; swarmhub's folders inside them; no SWARMHUB_* from the shell."""
+    for name in list(os.environ):
+        if name.startswith("SWARMHUB_"):
+            monkeypatch.delenv(name)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "xdg-config"))
+    monkeypatch.setenv("SWARMHUB_CONFIG_DIR", str(home / "xdg-config" / "swarmhub"))
+    monkeypatch.setenv("SWARMHUB_STATE_DIR", str(home / "state"))
+    monkeypatch.setenv("SWARMHUB_CACHE_DIR", str(home / "cache"))
+    return home
+
+
+def write_config(home: Path, text: str) -> Path:
+    path = home / "xdg-config" / "swarmhub" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# -- the unit and the plist ---------------------------------------------------------------------------------
+
+
+def unit_values(text: str) -> dict[str, list[str]]:
+    values: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            values.setdefault(key, []).append(value)
+    return values
+
+
+def test_the_unit_runs_the_installed_executable_restarts_on_failure_and_names_its_folders(home: Path) -> None:
+    executable = swarmhub_executable()
+    assert executable.is_absolute() and executable == Path(sys.executable).parent / "swarmhub"
+    settings = WorkerSettings()
+    from swarmhub.worker.service_units import service_environment
+
+    values = unit_values(systemd_unit(executable, service_environment(settings)))
+    assert values["ExecStart"] == [f'"{executable}" run-service']
+    assert values["Restart"] == ["on-failure"]
+    assert values["KillSignal"] == ["SIGINT"] and values["KillMode"] == ["mixed"]
+    assert values["StandardOutput"] == ["journal"] and values["WantedBy"] == ["default.target"]
+    env = dict(v.strip('"').split("=", 1) for v in values["Environment"])
+    assert env["SWARMHUB_CONFIG_DIR"] == str(home / "xdg-config" / "swarmhub")
+    assert env["SWARMHUB_STATE_DIR"] == str(home / "state")
+    assert env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_the_launchd_agent_runs_the_installed_executable_and_restarts_after_a_failure(home: Path) -> None:
+    settings = WorkerSettings()
+    manager = ServiceManager(settings, system="darwin", usable=False)
+    outcome = manager.install(swarmhub_executable())
+    assert outcome.path == home / "Library" / "LaunchAgents" / "org.swarmhub.worker.plist"
+    agent = plistlib.loads(outcome.path.read_bytes())
+    assert agent["ProgramArguments"] == [str(swarmhub_executable()), "run-service"]
+    assert agent["KeepAlive"] == {"SuccessfulExit": False} and agent["RunAtLoad"] is True
+    assert agent["EnvironmentVariables"]["SWARMHUB_CONFIG_DIR"] == str(home / "xdg-config" / "swarmhub")
+    assert agent["StandardErrorPath"] == str(home / "state" / "logs" / "service.log")
+    assert outcome.todo == [["launchctl", "load", "-w", str(outcome.path)]]
+    assert plistlib.loads(launchd_plist(Path("/x/swarmhub"), {}, Path("/l")))["Label"] == "org.swarmhub.worker"
+
+
+def test_install_and_uninstall_write_and_remove_the_unit_under_xdg_config_home(home: Path) -> None:
+    write_config(home, 'experiments = ["alpha"]\n')
+    runner = CliRunner()
+    env = {"SWARMHUB_TOKEN": TOKEN}
+    result = runner.invoke(main, ["service", "install"], env=env)
+    assert result.exit_code == 0, result.output
+    unit = home / "xdg-config" / "systemd" / "user" / "swarmhub.service"
+    text = unit.read_text()
+    assert f'ExecStart="{swarmhub_executable()}" run-service' in text
+    assert TOKEN not in text  # the service reads the stored login; a token never lands in a unit file
+    if not systemd_usable():
+        # no user service manager here (a container): the exact commands are printed instead
+        assert "systemctl --user daemon-reload\n  systemctl --user enable swarmhub.service" in result.output
+    result = runner.invoke(main, ["service", "uninstall"])
+    assert result.exit_code == 0, result.output
+    assert not unit.exists()
+    assert f"Removed {unit}" in result.output
+    result = runner.invoke(main, ["service", "start"])
+    assert result.exit_code == ExitCode.USAGE
+    assert "not installed: run `swarmhub service install`" in result.output
+
+
+@pytest.mark.skipif(not systemd_usable(), reason="`systemctl --user` has no user service manager on this machine")
+def test_systemctl_enables_and_disables_the_installed_unit(home: Path) -> None:
+    runner = CliRunner()
+    assert runner.invoke(main, ["service", "install"]).exit_code == 0
+    manager = ServiceManager(WorkerSettings())
+    assert manager.usable
+    import subprocess
+
+    enabled = subprocess.run(["systemctl", "--user", "is-enabled", "swarmhub.service"], capture_output=True, text=True)
+    assert enabled.stdout.strip() == "enabled"
+    assert runner.invoke(main, ["service", "uninstall"]).exit_code == 0
+    gone = subprocess.run(["systemctl", "--user", "is-enabled", "swarmhub.service"], capture_output=True, text=True)
+    assert gone.stdout.strip() != "enabled"
+
+
+# -- config.toml --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ("cpu_threads = 0", "cpu_threads"),
+        ("gpu_memory_fraction = 1.5", "gpu_memory_fraction"),
+        ('hours = "22:00-31:00"', "hours"),
+        ('hours = "nightly"', "hours"),
+        ('experiments = ["Not A Slug"]', "experiments"),
+        ('pause_on_battery = "sometimes"', "pause_on_battery"),
+        ("cpu_thread = 2", "cpu_thread"),
+    ],
+)
+def test_a_bad_value_in_config_toml_is_one_line_naming_the_key(home: Path, toml: str, key: str) -> None:
+    path = write_config(home, toml + "\n")
+    result = CliRunner().invoke(main, ["run-service"], env={"SWARMHUB_TOKEN": TOKEN})
+    assert result.exit_code == ExitCode.USAGE
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {path}: ")
+    assert repr(key) in lines[0] or f"invalid {key}:" in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_broken_toml_and_a_missing_experiment_say_what_to_do(home: Path) -> None:
+    runner = CliRunner()
+    path = write_config(home, "experiments = [\n")
+    result = runner.invoke(main, ["run-service"], env={"SWARMHUB_TOKEN": TOKEN})
+    assert result.exit_code == ExitCode.USAGE and f"{path} is not valid TOML" in result.output
+    write_config(home, "cpu_threads = 2\n")
+    result = runner.invoke(main, ["run-service"], env={"SWARMHUB_TOKEN": TOKEN})
+    assert result.exit_code == ExitCode.USAGE
+    assert "No experiment chosen: add experiments" in result.output
+    result = runner.invoke(main, ["run-service", "--cpu-threads", "0", "--experiment", "alpha"])
+    assert result.exit_code == ExitCode.USAGE
+    assert result.output.startswith("Error: run-service: invalid --cpu-threads: set it to a whole number")
+
+
+def test_the_hours_may_cross_midnight() -> None:
+    night = Hours.parse("22:00-07:00")
+    day = datetime(2026, 12, 2)
+    assert night.contains(day.replace(hour=23, minute=30))
+    assert night.contains(day.replace(hour=0, minute=0))
+    assert night.contains(day.replace(hour=6, minute=59))
+    assert not night.contains(day.replace(hour=7, minute=0))
+    assert not night.contains(day.replace(hour=12))
+    assert night.contains(day.replace(hour=22))
+    office = Hours.parse("09:00-17:30")
+    assert office.contains(day.replace(hour=17, minute=29)) and not office.contains(day.replace(hour=17, minute=30))
+    assert not office.contains(day.replace(hour=8, minute=59))
+    assert Hours.parse("00:00-24:00").contains(day.replace(hour=13))
+
+
+# -- battery and CPU load -----------------------------------------------------------------------------------
+
+
+def power_tree(root: Path, *, mains: bool | None, battery: str | None) -> Path:
+    """A sysfs /sys/class/power_supply: AC (type Mains, online 0/1) and BAT0 (type Battery, status)."""
+    for name, kind, key, value in (("AC", "Mains", "online", mains), ("BAT0", "Battery", "status", battery)):
+        folder = root / name
+        if value is None:
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "type").write_text(kind + "\n")
+        (folder / key).write_text(("1" if value is True else "0" if value is False else str(value)) + "\n")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def test_battery_detection_on_a_sysfs_tree(tmp_path: Path) -> None:
+    assert on_battery_linux(power_tree(tmp_path / "a", mains=False, battery="Discharging"))
+    assert not on_battery_linux(power_tree(tmp_path / "b", mains=True, battery="Charging"))
+    assert not on_battery_linux(power_tree(tmp_path / "c", mains=True, battery="Full"))
+    assert not on_battery_linux(power_tree(tmp_path / "d", mains=True, battery=None))  # a desktop
+    assert not on_battery_linux(power_tree(tmp_path / "e", mains=None, battery=None))  # nothing reported
+    assert not on_battery_linux(tmp_path / "missing")
+    assert on_battery_macos("Now drawing from 'Battery Power'\n -InternalBattery-0 (id=1)\t80%; discharging;")
+    assert not on_battery_macos("Now drawing from 'AC Power'\n -InternalBattery-0 (id=1)\t100%; charged;")
+
+
+def proc_tree(root: Path, cpu: tuple[int, ...], processes: dict[int, tuple[int, int, int]]) -> Path:
+    """A /proc with `stat` (cpu user nice system idle iowait irq softirq steal) and pid -> (ppid, utime, stime)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "stat").write_text("cpu  " + " ".join(map(str, cpu)) + " 0 0\ncpu0 1 2 3 4\n")
+    for pid, (ppid, utime, stime) in processes.items():
+        (root / str(pid)).mkdir(exist_ok=True)
+        rest = " ".join(["0"] * 9) + f" {utime} {stime} 0 0 20 0 1 0"
+        (root / str(pid) / "stat").write_text(f"{pid} (python3 -m x) S {ppid} {rest}\n")
+    return root
+
+
+def test_the_cpu_load_of_other_programs_excludes_this_process_tree(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    proc_tree(proc, (100, 0, 100, 800, 0, 0, 0, 0), {10: (1, 50, 50), 11: (10, 100, 0), 20: (1, 50, 0)})
+    sampler = CpuSampler(10, proc_root=proc)
+    assert sampler.others_share() is None  # the first sample has nothing to compare with
+    # 1000 more ticks: 700 busy, of which 300 are ours (pid 10 and its child 11), so others used 400
+    proc_tree(proc, (500, 0, 400, 1100, 0, 0, 0, 0), {10: (1, 100, 100), 11: (10, 300, 0), 20: (1, 450, 0)})
+    assert sampler.others_share() == pytest.approx(0.4)
+    config = ServiceConfig(experiments=["alpha"], pause_when_busy=True, busy_threshold=0.3, pause_on_battery=False)
+    shares = iter([0.4, 0.2])
+    conditions = Conditions(config, battery=lambda: False, busy=lambda: next(shares))
+    assert conditions.pause_reason(datetime(2026, 12, 2, 12)) == "busy: other programs use 40% of the CPU"
+    assert conditions.pause_reason(datetime(2026, 12, 2, 12)) is None
+
+
+# -- the runner's decisions, with a real child standing in for `swarmhub join` ------------------------------
+
+STAND_IN = """
+import json, os, signal, sys, time
+from datetime import datetime, timezone
+slug, progress, log, mode = sys.argv[1:5]
+def note(text):
+    with open(log, "a") as f:
+        f.write(f"{text} {slug} {os.getpid()}\\n")
+def leave(signum, frame):
+    note("left-" + signal.Signals(signum).name)
+    sys.exit(130 if signum == signal.SIGINT else 143)
+signal.signal(signal.SIGINT, leave)
+signal.signal(signal.SIGTERM, leave)
+note("started")
+if mode.startswith("exit"):
+    sys.exit(int(mode[4:]))
+now = datetime.now(timezone.utc).isoformat()
+record = dict(experiment=slug, step=7, samples=224, samples_per_second=31.5, loss=2.25, peers=2,
+              unacked_reports=0, last_ack_at=now, updated_at=now)
+with open(progress + ".tmp", "w") as f:
+    json.dump(record, f)
+os.replace(progress + ".tmp", progress)
+while True:
+    time.sleep(0.1)
+"""
+
+
+StandIn = tuple[Path, dict[str, str], Callable[[str, Path], list[str]]]  # log, modes, command
+
+
+class FakeClock:
+    """Wall time and monotonic time that move only when the test says."""
+
+    def __init__(self, now: datetime):
+        self.wall = now
+        self.mono = 1000.0
+
+    def now(self) -> datetime:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
+        self.mono += seconds
+        self.wall += timedelta(seconds=seconds)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def events(log: Path) -> list[tuple[str, str, int]]:
+    if not log.exists():
+        return []
+    return [(e, slug, int(pid)) for e, slug, pid in (line.split() for line in log.read_text().splitlines())]
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> Iterator[StandIn]:
+    """The child command: the stand-in script, with a per-experiment mode ("run", "exit1", "exit6")."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    log = tmp_path / "children.log"
+    modes: dict[str, str] = {}
+
+    def command(slug: str, progress: Path) -> list[str]:
+        return [sys.executable, str(script), slug, str(progress), str(log), modes.get(slug, "run")]
+
+    yield log, modes, command
+
+
+@pytest.fixture
+def runners() -> Iterator[list[Runner]]:
+    made: list[Runner] = []
+    yield made
+    for runner in made:  # leave no child behind, whatever the test did
+        runner.close()
+
+
+def test_the_runner_pauses_on_battery_and_outside_the_hours_and_resumes_when_they_clear(
+    home: Path,
+    tmp_path: Path,
+    stand_in: StandIn,
+    runners: list[Runner],
+) -> None:
+    log, _, command = stand_in
+    power = power_tree(tmp_path / "power", mains=True, battery="Charging")
+    config = ServiceConfig(experiments=["alpha"], hours="22:00-07:00", pause_on_battery=True)
+    clock = FakeClock(datetime(2026, 12, 2, 23, 0))
+    state_dir = home / "state" / "service"
+    runner = Runner(
+        config,
+        state_dir,
+        command=command,
+        conditions=Conditions(config, battery=lambda: on_battery_linux(power)),
+        clock=clock,
+        settle=30.0,
+    )
+    runners.append(runner)
+
+    assert runner.tick().state == "running"
+    wait_for(lambda: runner.progress_path.exists(), "the child's progress")
+    first = runner.child
+    assert first is not None and events(log) == [("started", "alpha", first.pid)]
+    state = runner.tick()
+    assert state.state == "running" and state.progress is not None
+    assert (state.progress.step, state.progress.samples_per_second) == (7, 31.5)
+    assert state.progress.last_ack_at is not None
+
+    power_tree(power, mains=False, battery="Discharging")  # unplugged
+    state = runner.tick()
+    assert (state.state, state.reason) == ("paused", "on battery")
+    assert runner.child is None and first.returncode == 130  # left cleanly on SIGINT, and waited for
+    assert events(log)[-1] == ("left-SIGINT", "alpha", first.pid)
+    result = CliRunner().invoke(main, ["service", "status"])
+    assert result.exit_code == 0 and "state: paused: on battery" in result.output
+    assert "experiment: alpha" in result.output
+
+    power_tree(power, mains=True, battery="Charging")  # plugged in again: resumes once it stays so
+    state = runner.tick()
+    assert state.state == "paused" and runner.child is None and "cleared" in (state.reason or "")
+    clock.advance(31)
+    assert runner.tick().state == "running"
+    second = runner.child
+    assert second is not None and second.pid != first.pid
+    wait_for(lambda: len(events(log)) == 3, "the second start")
+    assert events(log)[-1] == ("started", "alpha", second.pid)
+    wait_for(lambda: runner.progress_path.exists(), "the second child's progress")
+    runner.tick()
+    result = CliRunner().invoke(main, ["service", "status"])
+    assert "state: running" in result.output and "31.5 samples/s" in result.output
+
+    clock.wall = datetime(2026, 12, 3, 7, 0)  # morning: outside the hours
+    state = runner.tick()
+    assert (state.state, state.reason) == ("paused", "outside the hours 22:00-07:00")
+    assert second.returncode == 130 and events(log)[-1] == ("left-SIGINT", "alpha", second.pid)
+
+    runner.close()
+    saved = read_state(runner.state_path)
+    assert saved is not None and saved.state == "stopped"
+
+
+def test_a_crashing_join_restarts_with_growing_backoff(home: Path, stand_in: StandIn, runners: list[Runner]) -> None:
+    log, modes, command = stand_in
+    modes["alpha"] = "exit1"
+    config = ServiceConfig(experiments=["alpha"], pause_on_battery=False)
+    clock = FakeClock(datetime(2026, 12, 2, 12, 0))
+    runner = Runner(
+        config,
+        home / "state" / "service",
+        command=command,
+        conditions=Conditions(config),
+        clock=clock,
+        backoff_first=5.0,
+    )
+    runners.append(runner)
+
+    def crash() -> None:
+        child = runner.child
+        assert child is not None
+        child.wait(20)
+
+    assert runner.tick().state == "running"
+    crash()
+    state = runner.tick()
+    assert state.state == "waiting" and state.restarts == 1 and state.last_exit_code == 1
+    assert state.reason == "restarting alpha in 5 s after exit code 1"
+    clock.advance(4)
+    assert runner.tick().state == "waiting" and runner.child is None
+    clock.advance(1)
+    assert runner.tick().state == "running"  # the second start
+    crash()
+    state = runner.tick()
+    assert state.reason == "restarting alpha in 10 s after exit code 1"  # doubled
+    clock.advance(9)
+    assert runner.tick().state == "waiting"
+    clock.advance(1)
+    assert runner.tick().state == "running"
+    crash()
+    assert [e for e, _, _ in events(log)] == ["started"] * 3
+    runner.tick()
+    result = CliRunner().invoke(main, ["service", "status"])
+    assert "state: waiting: restarting alpha in 20 s after exit code 1" in result.output
+    assert "restarts: 3 (last exit code 1)" in result.output
+
+
+def test_an_experiment_that_stops_accepting_volunteers_hands_over_to_the_next(
+    home: Path, stand_in: StandIn, runners: list[Runner]
+) -> None:
+    log, modes, command = stand_in
+    modes["alpha"] = f"exit{int(ExitCode.NOT_ACCEPTING)}"
+    config = ServiceConfig(experiments=["alpha", "beta"], pause_on_battery=False)
+    runner = Runner(
+        config,
+        home / "state" / "service",
+        command=command,
+        conditions=Conditions(config),
+        clock=FakeClock(datetime(2026, 12, 2, 12, 0)),
+    )
+    runners.append(runner)
+    runner.tick()
+    assert runner.child is not None
+    runner.child.wait(20)
+    state = runner.tick()
+    assert (state.state, state.experiment) == ("running", "beta")  # at once, no backoff
+    wait_for(lambda: len(events(log)) == 2, "beta's start")
+    assert [(e, slug) for e, slug, _ in events(log)] == [("started", "alpha"), ("started", "beta")]
+
+
+def test_run_service_stops_its_child_cleanly_on_sigterm(home: Path, tmp_path: Path) -> None:
+    """The real `swarmhub run-service` loop, with a stand-in join: SIGTERM (systemd's stop) leaves no child."""
+    import subprocess
+
+    import psutil
+
+    write_config(home, 'experiments = ["alpha"]\npause_on_battery = false\n')
+    state_file = home / "state" / "service" / "state.json"
+    # `join` itself would need a server: with a token for a server that is down, the child exits 5 and the
+    # runner backs off and records it, which is what this test watches (and it leaves no process behind).
+    env = {**os.environ, "SWARMHUB_TOKEN": TOKEN, "SWARMHUB_SERVER": "http://127.0.0.1:9"}
+    process = subprocess.Popen(
+        [str(swarmhub_executable()), "run-service", "--poll", "0.5"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(lambda: (s := read_state(state_file)) is not None and s.state == "waiting", "a backoff", 60)
+        state = read_state(state_file)
+        assert state is not None and state.last_exit_code == ExitCode.UNREACHABLE
+        children = {c.pid for c in psutil.Process(process.pid).children(recursive=True)}
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    output = process.stdout.read().decode() if process.stdout else ""
+    assert "Traceback" not in output
+    state = read_state(state_file)
+    assert state is not None and state.state == "stopped"
+    assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert json.loads(state_file.read_text())["reason"] == "the service was stopped"
+
+
+# -- the limits reach the training process ------------------------------------------------------------------
+
+
+def test_the_join_command_carries_the_limits() -> None:
+    from swarmhub.worker.runner import join_command
+
+    config = ServiceConfig(experiments=["alpha"], cpu_threads=2, gpu_memory_fraction=0.5)
+    command = join_command(config, ["swarmhub"], listen=["/ip4/127.0.0.1/tcp/0"], insecure=True)
+    argv = command("alpha", Path("/s/progress.json"))
+    assert argv == [
+        "swarmhub",
+        "join",
+        "alpha",
+        "--progress-file",
+        "/s/progress.json",
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+        "--insecure",
+        "--cpu-threads",
+        "2",
+        "--gpu-memory-fraction",
+        "0.5",
+    ]
+    plain = join_command(ServiceConfig(experiments=["alpha"]), ["swarmhub"])("alpha", Path("/p"))
+    assert plain == ["swarmhub", "join", "alpha", "--progress-file", "/p"]
+
+
+def test_cpu_threads_set_torchs_threads_and_a_gpu_fraction_is_ignored_on_the_cpu() -> None:
+    import torch
+
+    from swarmhub.worker.joining import apply_resource_limits
+
+    before = torch.get_num_threads()
+    try:
+        apply_resource_limits(torch.device("cpu"), 1, 0.5)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="no CUDA device here: the memory fraction needs one"
+)
+def test_the_gpu_memory_fraction_caps_what_training_may_allocate() -> None:
+    import torch
+
+    from swarmhub.worker.joining import apply_resource_limits
+
+    device = torch.device("cuda", 0)
+    total = torch.cuda.get_device_properties(device).total_memory
+    apply_resource_limits(device, None, 0.25)
+    try:
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.empty(int(total * 0.5), dtype=torch.uint8, device=device)
+        small = torch.empty(int(total * 0.1), dtype=torch.uint8, device=device)
+        del small
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.empty_cache()
+
+
+def test_the_status_says_what_a_joins_exit_code_means(home: Path, stand_in: StandIn, runners: list[Runner]) -> None:
+    _, modes, command = stand_in
+    modes["alpha"] = f"exit{int(ExitCode.AUTH)}"
+    config = ServiceConfig(experiments=["alpha"], pause_on_battery=False)
+    runner = Runner(
+        config,
+        home / "state" / "service",
+        command=command,
+        conditions=Conditions(config),
+        clock=FakeClock(datetime(2026, 12, 2, 12, 0)),
+    )
+    runners.append(runner)
+    runner.tick()
+    assert runner.child is not None
+    runner.child.wait(20)
+    runner.tick()
+    result = CliRunner().invoke(main, ["service", "status"])
+    assert "state: waiting: restarting alpha in 5 s after exit code 3 (not logged in or token rejected: run " in (
+        result.output
+    )

@@ -1,0 +1,326 @@
+"""``swarmhub run-service``: the background worker. It supervises one ``swarmhub join`` child process at a time.
+
+Each tick (:meth:`Runner.tick`) decides from the volunteer's limits whether training may run now:
+
+- outside the hours, on battery, or while other programs keep the CPU busy, it *pauses*: SIGINT to the child,
+  which leaves the swarm cleanly as after Ctrl-C (summary printed, unsent metrics kept in the spool for the next
+  join), and it starts the child again once the condition has cleared for ``settle`` seconds;
+- a child that exits on its own is restarted with exponential backoff (reset after a healthy run); an experiment
+  that stops accepting volunteers, is unknown, or removed this volunteer hands over to the next in the list;
+- every tick writes :class:`ServiceState` to ``<state_dir>/service/state.json``, which ``swarmhub service
+  status`` reads. The child writes its progress (step, samples/s, last acknowledged report) to
+  ``progress.json`` beside it (``join --progress-file``), and the runner copies it in.
+
+The clock, the condition checks and the command line of the child are parameters, so tests drive the decision
+loop with a fake clock, a fake power-supply tree and a stand-in child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from .client import ExitCode
+from .limits import CpuSampler, ServiceConfig, on_battery
+
+logger = logging.getLogger("swarmhub.worker.service")
+
+BACKOFF_FIRST = 5.0
+BACKOFF_MAX = 600.0
+HEALTHY_RUN = 600.0  # a child that ran this long before crashing restarts after the first backoff again
+STOP_GRACE = 90.0  # the child's clean leave: the reporter's flush and hivemind's shutdown
+# Exit codes about the experiment rather than this machine: the next experiment in the list gets its turn.
+HAND_OVER = {ExitCode.NOT_FOUND, ExitCode.NOT_ACCEPTING, ExitCode.REMOVED}
+# What an exit code of `join` means, for `swarmhub service status` (the join's own line is in the journal).
+EXIT_MEANING = {
+    ExitCode.USAGE: "a bad option or limit",
+    ExitCode.AUTH: "not logged in or token rejected: run `swarmhub login`",
+    ExitCode.NOT_FOUND: "unknown experiment: check `experiments` in config.toml",
+    ExitCode.UNREACHABLE: "server unreachable",
+    ExitCode.NOT_ACCEPTING: "the experiment is not accepting volunteers",
+    ExitCode.CLOCK: "this machine's clock is off: sync it",
+    ExitCode.REMOVED: "removed by the organizer",
+}
+
+
+class JoinProgress(BaseModel):
+    """What a ``join --progress-file`` child writes about every two seconds."""
+
+    experiment: str
+    step: int
+    samples: int
+    samples_per_second: float
+    loss: float
+    peers: int
+    unacked_reports: int | None = None
+    last_ack_at: datetime | None = None  # when the server last acknowledged a metric report
+    updated_at: datetime
+
+
+class ServiceState(BaseModel):
+    """What the background worker is doing, for ``swarmhub service status``."""
+
+    state: Literal["running", "paused", "waiting", "stopped"]
+    reason: str | None = None
+    experiment: str | None = None
+    pid: int | None = None  # the runner's
+    restarts: int = 0
+    last_exit_code: int | None = None
+    progress: JoinProgress | None = None
+    updated_at: datetime
+
+
+def write_json_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_state(path: Path) -> ServiceState | None:
+    try:
+        return ServiceState.model_validate_json(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValidationError, ValueError):
+        return None
+
+
+def read_progress(path: Path) -> JoinProgress | None:
+    try:
+        return JoinProgress.model_validate_json(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValidationError, ValueError):
+        return None
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...  # local wall time, for the hours
+    def monotonic(self) -> float: ...
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclass
+class Conditions:
+    """Why training must pause now, if it must: the hours, the battery, other programs' CPU load."""
+
+    config: ServiceConfig
+    battery: Callable[[], bool] = on_battery
+    busy: Callable[[], float | None] | None = None  # other programs' CPU share, e.g. CpuSampler.others_share
+
+    def pause_reason(self, now: datetime) -> str | None:
+        window = self.config.window
+        if window is not None and not window.contains(now):
+            return f"outside the hours {window}"
+        if self.config.pause_on_battery and self.battery():
+            return "on battery"
+        if self.config.pause_when_busy and self.busy is not None:
+            share = self.busy()
+            if share is not None and share > self.config.busy_threshold:
+                return f"busy: other programs use {share:.0%} of the CPU"
+        return None
+
+
+def join_command(
+    config: ServiceConfig, executable: list[str] | None = None, listen: Sequence[str] = (), insecure: bool = False
+) -> Callable[[str, Path], list[str]]:
+    """The child's command line for experiment ``slug``: ``swarmhub join`` with the volunteer's limits."""
+    base = executable or [sys.executable, "-m", "swarmhub.worker.cli"]
+
+    def command(slug: str, progress_file: Path) -> list[str]:
+        argv = [*base, "join", slug, "--progress-file", str(progress_file)]
+        for maddr in listen:
+            argv += ["--listen", maddr]
+        if insecure:
+            argv.append("--insecure")
+        if config.cpu_threads is not None:
+            argv += ["--cpu-threads", str(config.cpu_threads)]
+        if config.gpu_memory_fraction is not None:
+            argv += ["--gpu-memory-fraction", str(config.gpu_memory_fraction)]
+        return argv
+
+    return command
+
+
+class Runner:
+    """Supervises the ``join`` child; see the module docstring. :meth:`run` loops :meth:`tick` until stopped."""
+
+    def __init__(
+        self,
+        config: ServiceConfig,
+        state_dir: Path,
+        *,
+        command: Callable[[str, Path], list[str]],
+        conditions: Conditions,
+        clock: Clock | None = None,
+        poll: float = 5.0,
+        settle: float = 60.0,
+        stop_grace: float = STOP_GRACE,
+        backoff_first: float = BACKOFF_FIRST,
+        backoff_max: float = BACKOFF_MAX,
+        env: dict[str, str] | None = None,
+    ):
+        if not config.experiments:
+            raise ValueError("no experiments to join")
+        self.config = config
+        self.state_path = state_dir / "state.json"
+        self.progress_path = state_dir / "progress.json"
+        self.command = command
+        self.conditions = conditions
+        self.clock: Clock = clock or SystemClock()
+        self.poll = poll
+        self.settle = settle
+        self.stop_grace = stop_grace
+        self.backoff_first = backoff_first
+        self.backoff_max = backoff_max
+        self.env = env
+        self.child: subprocess.Popen[bytes] | None = None
+        self.index = 0  # which experiment of the list
+        self.restarts = 0
+        self.failures = 0  # consecutive crashes: the backoff's exponent
+        self.last_exit: int | None = None
+        self.started_at = 0.0
+        self.not_before = 0.0  # backoff: no start before this monotonic time
+        self.clear_since: float | None = None  # when the pause condition last cleared
+        self.paused_for: str | None = None
+        self.stopping = False
+
+    @property
+    def experiment(self) -> str:
+        return self.config.experiments[self.index]
+
+    # -- one decision --------------------------------------------------------------------------------------
+
+    def tick(self) -> ServiceState:
+        now = self.clock.monotonic()
+        self._reap(now)
+        reason = self.conditions.pause_reason(self.clock.now())
+        if reason is not None:
+            self.clear_since = None
+            if self.child is not None:
+                logger.info("pausing %s: %s", self.experiment, reason)
+                self._stop_child()
+            self.paused_for = reason
+            return self._record("paused", reason)
+        if self.paused_for is not None:
+            self.clear_since = now if self.clear_since is None else self.clear_since
+            if now - self.clear_since < self.settle:
+                return self._record("paused", f"{self.paused_for} (cleared, resuming shortly)")
+            logger.info("resuming: %s cleared", self.paused_for)
+            self.paused_for = None
+        if self.child is None:
+            if now < self.not_before:
+                why = f"restarting {self.experiment} in {self.not_before - now:.0f} s after exit code {self.last_exit}"
+                if self.last_exit in EXIT_MEANING:
+                    why += f" ({EXIT_MEANING[ExitCode(self.last_exit)]})"
+                return self._record("waiting", why)
+            self._start_child(now)
+        return self._record("running", None)
+
+    def _reap(self, now: float) -> None:
+        if self.child is None or self.child.poll() is None:
+            return
+        code = self.child.returncode
+        self.child = None
+        self.last_exit = code
+        ran = now - self.started_at
+        self.failures = 1 if ran >= HEALTHY_RUN else self.failures + 1
+        self.restarts += 1
+        if code in HAND_OVER and len(self.config.experiments) > 1:
+            self.index = (self.index + 1) % len(self.config.experiments)
+            self.failures = 0
+            delay = 0.0
+        else:
+            delay = min(self.backoff_max, self.backoff_first * 2 ** (self.failures - 1))
+        self.not_before = now + delay
+        logger.warning("the join exited with code %s after %.0f s: next start in %.0f s", code, ran, delay)
+
+    def _start_child(self, now: float) -> None:
+        self.progress_path.unlink(missing_ok=True)
+        argv = self.command(self.experiment, self.progress_path)
+        logger.info("starting: %s", " ".join(argv))
+        # Its own session: a Ctrl-C on the runner's terminal reaches the child once, through the runner.
+        self.child = subprocess.Popen(argv, env=self.env, start_new_session=True)
+        self.started_at = now
+
+    def _stop_child(self) -> None:
+        """SIGINT (leave the swarm cleanly), then SIGTERM (forces), then SIGKILL; waits for the exit."""
+        child, self.child = self.child, None
+        if child is None:
+            return
+        for sig, grace in ((signal.SIGINT, self.stop_grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(sig)
+            try:
+                child.wait(grace)
+                break
+            except subprocess.TimeoutExpired:
+                logger.warning("the join did not stop after %s: sending the next signal", signal.Signals(sig).name)
+        self.last_exit = child.returncode
+        self.not_before = 0.0
+
+    def _record(self, state: Literal["running", "paused", "waiting", "stopped"], reason: str | None) -> ServiceState:
+        record = ServiceState(
+            state=state,
+            reason=reason,
+            experiment=self.experiment,
+            pid=os.getpid(),
+            restarts=self.restarts,
+            last_exit_code=self.last_exit,
+            progress=read_progress(self.progress_path),
+            updated_at=datetime.now(timezone.utc),
+        )
+        write_json_atomically(self.state_path, record.model_dump_json(indent=2))
+        return record
+
+    # -- the loop ------------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Tick every ``poll`` seconds until SIGINT/SIGTERM; then stop the child cleanly and return 0."""
+
+        def stop(signum: int, frame: object) -> None:
+            self.stopping = True
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while not self.stopping:
+                self.tick()
+                slept = 0.0
+                while slept < self.poll and not self.stopping:
+                    self.clock.sleep(min(0.5, self.poll - slept))
+                    slept += 0.5
+        finally:
+            self.close()
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+        return ExitCode.OK
+
+    def close(self) -> None:
+        self._stop_child()
+        self._record("stopped", "the service was stopped")
+
+
+def default_conditions(config: ServiceConfig, power_root: Path | None = None) -> Conditions:
+    battery = (lambda: on_battery(power_root)) if power_root is not None else on_battery
+    busy = CpuSampler(os.getpid()).others_share if sys.platform.startswith("linux") else None
+    return Conditions(config, battery=battery, busy=busy)
