@@ -139,7 +139,8 @@ def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode) -> dict[str
     cpu0 = c.cpu_seconds([worker, server.proc])
     c.sleep_until(t0 + mode.window)
     t1 = time.time()
-    cpu = c.cpu_share(cpu0, c.cpu_seconds([worker, server.proc]), t1 - t0)
+    cpu1 = c.cpu_seconds([worker, server.proc])
+    cpu = c.cpu_share(cpu0, cpu1, t1 - t0)
     codes = h.stop([worker])
     server.finish(slug)
     summary = next((e for e in worker.events if e.get("event") == "summary"), {})
@@ -147,7 +148,16 @@ def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode) -> dict[str
         raise c.BenchError(f"swarmhub round {r}: exit code {codes}\n{worker.log_tail()}")
     measured = c.swarm_rate([worker], t0, t1)
     reports = len(c.progress(worker.events))
+    # The worker's helper processes (DHT, averagers, p2pd) per training step, and the server's swarm processes
+    # (its bootstrap/monitor peer) in cores: issue targets <= 1.5 ms per step and <= 0.05 cores per worker.
+    steps = c.samples_at(worker.events, t1) - c.samples_at(worker.events, t0)
+    steps /= c.BATCH_SIZE
+    helper_seconds = cpu1[worker.name][1] - cpu0[worker.name][1]
+    server_helpers = (cpu1[server.proc.name][1] - cpu0[server.proc.name][1]) / (t1 - t0)
     return {
+        "helper_ms_per_step": 1000 * helper_seconds / max(steps, 1),
+        "steps_per_second": steps / (t1 - t0),
+        "server_peer_cores": server_helpers,
         "swarmhub": measured[0],
         "swarmhub_how": measured[1],
         "swarmhub_cpu": cpu,
@@ -241,6 +251,11 @@ def report(results: list[dict[str, Any]], rounds: int, elapsed: float) -> None:
             f"{r['peers']}; bare window {r['bare_how']}"
         )
         print(f"  cores used (main process + its child processes): swarmhub {r['swarmhub_cpu']} | bare {r['bare_cpu']}")
+        print(
+            f"  worker's helper processes: {r['helper_ms_per_step']:.2f} ms CPU per training step at "
+            f"{r['steps_per_second']:.0f} steps/s (target <= 1.5); server's swarm processes "
+            f"{r['server_peer_cores']:.3f} cores for this one worker (target <= 0.05)"
+        )
     print(
         "the swarmhub side adds: hivemind.Optimizer in a swarm of one (gradient accumulation every step, one "
         "optimizer step and one skipped pre-scheduled averaging round per epoch, the progress tracker), its DHT, "
