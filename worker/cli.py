@@ -26,7 +26,7 @@ from .credentials import (
     resolve_credentials,
     store_credentials,
 )
-from .joining import corpus_of, join_and_train
+from .joining import join_and_train
 from .login import device_flow
 from .protocol import SLUG_RE
 from .session import DEFAULT_LISTEN
@@ -308,40 +308,13 @@ def doctor(slug: str | None, device: str, listen: Sequence[str], insecure: bool)
 
     settings = _settings()
     client, token = _authed_client(settings, insecure)
-    torch_device = resolve_device(device)
     with client:
-        experiment = None
-        if slug is not None:
-            if not SLUG_RE.match(slug):
-                raise WorkerError(
-                    f"{slug!r} is not an experiment name: run `swarmhub experiments` to list them", ExitCode.USAGE
-                )
-            experiment = client.experiment(slug)
-        click.echo(f"Checking this machine for {client.server_url}" + (f" and {slug!r}" if slug else "") + ":")
-
-        def text() -> Any:  # the experiment's corpus, for a task that trains on one: downloaded as `join` does
-            assert slug is not None and token is not None
-            return corpus_of(client.server_url, token, slug, settings.corpus_dir(client.server_url, slug))
-
-        findings = []
-        for check in (
-            lambda: checks.check_device(torch_device),
-            checks.check_open_files,
-            lambda: checks.check_clock(client),
-            lambda: checks.check_bandwidth(client),
-            lambda: checks.check_reachability(client, listen)[0],
-            *(
-                [lambda: checks.check_throughput(experiment, torch_device, corpus=text)]
-                if experiment is not None
-                else []
-            ),
-        ):
-            finding = check()
-            findings.append(finding)
-            click.echo(finding.line())
-    worst = checks.worst(findings)
-    click.echo("Ready to join." if worst != checks.FAIL else "Fix what failed above, then run `swarmhub doctor` again.")
-    raise click.exceptions.Exit(0 if worst != checks.FAIL else ExitCode.ERROR)
+        if slug is not None and not SLUG_RE.match(slug):
+            raise WorkerError(
+                f"{slug!r} is not an experiment name: run `swarmhub experiments` to list them", ExitCode.USAGE
+            )
+        failed = checks.run_all(client, token, settings, slug, resolve_device(device), listen, click.echo)
+    raise click.exceptions.Exit(ExitCode.ERROR if failed else 0)
 
 
 # -- the background worker (service_cli) ----------------------------------------------------------------------

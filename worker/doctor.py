@@ -255,3 +255,42 @@ def check_reachability(client: ApiClient, listen: Sequence[str]) -> tuple[Findin
 def worst(findings: Sequence[Finding]) -> str:
     order = {OK: 0, WARN: 1, FAIL: 2}
     return max((f.status for f in findings), key=order.__getitem__, default=OK)
+
+
+def run_all(
+    client: ApiClient,
+    token: str | None,
+    settings: Any,
+    slug: str | None,
+    device: torch.device,
+    listen: Sequence[str],
+    echo: Callable[[str], None],
+) -> bool:
+    """Every check of ``swarmhub doctor``, each line echoed as it is found, then what to do next; True when
+    something must be fixed before joining. With ``slug``, the experiment's training throughput here too, on its
+    corpus downloaded as ``join`` downloads it."""
+    from .joining import corpus_of
+
+    experiment = client.experiment(slug) if slug is not None else None
+    echo(f"Checking this machine for {client.server_url}" + (f" and {slug!r}" if slug else "") + ":")
+
+    def text() -> Any:
+        assert slug is not None and token is not None
+        return corpus_of(client.server_url, token, slug, settings.corpus_dir(client.server_url, slug))
+
+    checks: list[Callable[[], Finding]] = [
+        lambda: check_device(device),
+        check_open_files,
+        lambda: check_clock(client),
+        lambda: check_bandwidth(client),
+        lambda: check_reachability(client, listen)[0],
+    ]
+    if experiment is not None:
+        checks.append(lambda: check_throughput(experiment, device, corpus=text))
+    findings = []
+    for check in checks:
+        findings.append(check())
+        echo(findings[-1].line())
+    failed = worst(findings) == FAIL
+    echo("Fix what failed above, then run `swarmhub doctor` again." if failed else "Ready to join.")
+    return failed
