@@ -109,3 +109,29 @@ def wait_volunteers(workers: list[tuple[str, Any, subprocess.Popen]], tmp: Path)
         outputs[name] = (tmp / f"{name}.out").read_text(errors="replace")
         assert "Traceback" not in outputs[name]
     return seen_children, outputs
+
+
+DIGITS_SLUG = "e2e-digits"
+
+
+def start_digits_experiment(url: str) -> None:
+    """An organizer signs up, creates the small digits experiment ``DIGITS_SLUG`` and starts it."""
+    organizer = signup(url, "organizer")
+    headers = {"Authorization": f"Bearer {organizer}"}
+    created = httpx.post(
+        f"{url}/api/experiments",
+        headers=headers,
+        json={
+            "slug": DIGITS_SLUG,
+            "title": "E2E digits",
+            "task": "digits",
+            "task_params": {"hidden_size": 64, "batch_size": 32},
+            "target_batch_size": 128,
+            "matchmaking_time": 2.0,
+            "averaging_timeout": 20.0,
+            "learning_rate": 0.003,
+        },
+    )
+    assert created.status_code == 201, created.text
+    started = httpx.post(f"{url}/api/experiments/{DIGITS_SLUG}/status", headers=headers, json={"action": "start"})
+    assert started.json()["status"] == "running"

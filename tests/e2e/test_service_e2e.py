@@ -16,8 +16,9 @@ import pytest
 
 from swarmhub.worker.runner import ServiceState, read_state
 
+from ..processes import DIGITS_SLUG as SLUG
 from ..processes import SWARMHUB, descendants, outlived, running_server, signup
-from .test_swarm_e2e import SLUG, start_experiment
+from ..processes import start_digits_experiment as start_experiment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

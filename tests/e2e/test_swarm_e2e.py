@@ -16,32 +16,22 @@ import pytest
 import sqlalchemy as sa
 
 from ..conftest import PASSWORD
-from ..processes import SWARMHUB, descendants, outlived, running_server, signup, wait_volunteers
+from ..processes import (
+    DIGITS_SLUG as SLUG,
+)
+from ..processes import (
+    SWARMHUB,
+    descendants,
+    outlived,
+    running_server,
+    signup,
+    wait_volunteers,
+)
+from ..processes import (
+    start_digits_experiment as start_experiment,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
-SLUG = "e2e-digits"
-
-
-def start_experiment(url: str) -> None:
-    organizer = signup(url, "organizer")
-    headers = {"Authorization": f"Bearer {organizer}"}
-    created = httpx.post(
-        f"{url}/api/experiments",
-        headers=headers,
-        json={
-            "slug": SLUG,
-            "title": "E2E digits",
-            "task": "digits",
-            "task_params": {"hidden_size": 64, "batch_size": 32},
-            "target_batch_size": 128,
-            "matchmaking_time": 2.0,
-            "averaging_timeout": 20.0,
-            "learning_rate": 0.003,
-        },
-    )
-    assert created.status_code == 201, created.text
-    started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=headers, json={"action": "start"})
-    assert started.json()["status"] == "running"
 
 
 def launch_volunteers(url: str, tmp: Path, limit: list[str]) -> list[tuple[str, Any, subprocess.Popen]]:
