@@ -100,7 +100,14 @@ def record_rounds(session: Session, experiment: Experiment, rounds: list[Round],
     rows = contributions.volunteer_totals(session, experiment.id, set(users.values()))
     first = datetime.fromtimestamp(min(fresh[0].time, now.timestamp()), timezone.utc)
     window = _window_credits(session, experiment.id, first - timedelta(seconds=WINDOW_SECONDS))
-    classes = _classes(session, experiment.id, {user_id for user_id, _ in window} | set(users.values()))
+    classes = _classes(session, experiment.id, {user_id for user_id, _ in window}, rows)
+    peer_ids = {s.peer_id for r in fresh for s in r.senders}
+    known_peers = {
+        peer.peer_id: peer
+        for peer in session.scalars(
+            select(SwarmPeer).where(SwarmPeer.experiment_id == experiment.id, SwarmPeer.peer_id.in_(peer_ids))
+        )
+    }
     for item in fresh:
         at = datetime.fromtimestamp(min(item.time, now.timestamp()), timezone.utc)
         row = WitnessedRound(experiment_id=experiment.id, round_id=item.id, epoch=item.epoch, witnessed_at=at)
@@ -112,9 +119,7 @@ def record_rounds(session: Session, experiment: Experiment, rounds: list[Round],
             user_id = users.get(sender.username)
             if user_id is None:
                 continue
-            peer = session.scalar(
-                select(SwarmPeer).where(SwarmPeer.experiment_id == experiment.id, SwarmPeer.peer_id == sender.peer_id)
-            )
+            peer = known_peers.get(sender.peer_id)
             if peer is None:  # a round read before the peer's first record: nothing shows it was there
                 credited = 0
             else:
@@ -149,15 +154,21 @@ def _window_credits(session: Session, experiment_id: int, since: datetime) -> di
     return {(int(user_id), peer_id): int(total or 0) for user_id, peer_id, total in rows}
 
 
-def _classes(session: Session, experiment_id: int, user_ids: set[int]) -> dict[int, set[str]]:
-    """user ID -> the device classes its workers reported ("cpu" for one that reported none)."""
-    rows = session.execute(
-        select(VolunteerTotal.user_id, VolunteerTotal.device_classes).where(
-            VolunteerTotal.experiment_id == experiment_id, VolunteerTotal.user_id.in_(user_ids)
-        )
-    ).all()
-    found = {int(user_id): set(classes or []) or {"cpu"} for user_id, classes in rows}
-    return {user_id: found.get(user_id, {"cpu"}) for user_id in user_ids}
+def _classes(
+    session: Session, experiment_id: int, user_ids: set[int], loaded: dict[int, VolunteerTotal]
+) -> dict[int, set[str]]:
+    """user ID -> the device classes its workers reported ("cpu" for one that reported none), for ``user_ids`` and
+    the volunteers of the ``loaded`` totals rows (read only for the others)."""
+    found = {user_id: set(row.device_classes or []) for user_id, row in loaded.items()}
+    others = user_ids - loaded.keys()
+    if others:
+        rows = session.execute(
+            select(VolunteerTotal.user_id, VolunteerTotal.device_classes).where(
+                VolunteerTotal.experiment_id == experiment_id, VolunteerTotal.user_id.in_(others)
+            )
+        ).all()
+        found.update({int(user_id): set(classes or []) for user_id, classes in rows})
+    return {user_id: found.get(user_id) or {"cpu"} for user_id in user_ids | loaded.keys()}
 
 
 def _window_bound(
