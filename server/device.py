@@ -63,10 +63,14 @@ def pending(session: Session, user_code: str) -> DeviceAuthorization:
     return grant
 
 
-def decide(session: Session, user_code: str, user: User, approve: bool) -> DeviceAuthorization:
+def decide(
+    session: Session, user_code: str, user: User, approve: bool, token_days: int | None = None
+) -> DeviceAuthorization:
+    """The approver's answer; an approved device's token works for ``token_days`` (until revoked: None)."""
     grant = pending(session, user_code)
     grant.status = "approved" if approve else "denied"
     grant.user_id = user.id
+    grant.token_days = token_days if approve else None
     return grant
 
 
@@ -91,7 +95,7 @@ def poll(session: Session, device_code: str) -> TokenResponse | str:
             return "slow_down"
         return "authorization_pending"
     assert grant.user is not None
-    value, _ = accounts.issue_token(session, grant.user, grant.client_name, grant.scope)
+    value, _ = accounts.issue_token(session, grant.user, grant.client_name, grant.scope, grant.token_days)
     grant.status = "consumed"  # a device code yields one token, once
     scope: Literal["volunteer", "organizer"] = "organizer" if grant.scope == accounts.ORGANIZER else "volunteer"
     return TokenResponse(access_token=value, username=grant.user.username, scope=scope)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import update
 
@@ -280,3 +280,40 @@ def test_a_token_may_expire_and_the_account_page_shows_its_last_use(client, db):
     assert expired.status_code == 401 and "expired" in expired.json()["detail"], expired.text
     refused = client.post("/account/tokens", data={"name": "x", "expires_in_days": "7", "csrf_token": csrf})
     assert refused.status_code == 422 and "lifetimes offered" in refused.text
+
+
+def test_the_approver_chooses_how_long_the_device_s_token_works(client, db):
+    from swarmhub.server.models import ApiToken
+
+    make_user(db)
+    code = start(client)
+    csrf = login(client)
+    page = client.get(f"/device?user_code={code['user_code']}").text
+    assert '<select name="expires_in_days">' in page and "never (until revoked)" in page
+    refused = client.post(
+        "/device",
+        data={"user_code": code["user_code"], "decision": "approve", "expires_in_days": "7", "csrf_token": csrf},
+    )
+    assert refused.status_code == 422 and "lifetimes offered" in refused.text
+    allow_next_poll(db)
+    assert poll(client, code).json()["error"] == "authorization_pending"  # nothing was approved
+    client.post(
+        "/device",
+        data={"user_code": code["user_code"], "decision": "approve", "expires_in_days": "30", "csrf_token": csrf},
+    )
+    allow_next_poll(db)
+    token = poll(client, code).json()["access_token"]
+    me = client.get("/api/me", headers={"Authorization": f"Bearer {token}"}).json()
+    expires = datetime.fromisoformat(me["expires_at"])
+    assert abs(expires - (utcnow() + timedelta(days=30))) < timedelta(minutes=5), me
+    # without a choice, as before: until revoked
+    assert approve(client, db, start(client)) and db_token_count(db, ApiToken.expires_at.is_(None)) == 1
+
+
+def db_token_count(db, condition) -> int:
+    from sqlalchemy import func, select
+
+    from swarmhub.server.models import ApiToken
+
+    with db.begin() as session:
+        return int(session.scalar(select(func.count()).select_from(ApiToken).where(condition)) or 0)

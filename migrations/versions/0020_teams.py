@@ -3,7 +3,7 @@
 
 Revision ID: 0020
 Revises: 0019
-Create Date: 2026-12-03 09:00:00
+Create Date: 2026-12-02 09:00:00
 """
 
 import sqlalchemy as sa

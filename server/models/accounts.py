@@ -78,5 +78,6 @@ class DeviceAuthorization(Base):
     last_polled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     scope: Mapped[str] = mapped_column(String(16), server_default="volunteer")  # what the token will be able to do
     client_address: Mapped[str | None] = mapped_column(String(64))  # the address that asked, for the approval page
+    token_days: Mapped[int | None] = mapped_column(Integer)  # the approver's choice of lifetime; None: until revoked
 
     user: Mapped[User | None] = relationship(lazy="joined")

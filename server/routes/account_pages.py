@@ -176,8 +176,17 @@ async def device_decide(request: Request, session: DB, user: RequiredPageUser, w
     decision = str(form.get("decision", ""))
     if decision not in ("approve", "deny"):  # the code-entry step: show what is being approved
         return see_other(f"/device?user_code={user_code}")
+    days = str(form.get("expires_in_days", "") or "0")
+    if days not in TOKEN_LIFETIMES:
+        errors = {"expires_in_days": "choose one of the lifetimes offered"}
+        try:
+            grant = device.pending(session, user_code)
+        except AppError as exc:
+            grant, errors = None, {"user_code": exc.message}
+        context = {"user_code": user_code, "grant": grant, "errors": errors, "done": None, "scopes": accounts.SCOPES}
+        return render(request, "device.html", context, user=user, web=web, status_code=422)
     try:
-        device.decide(session, user_code, user, approve=decision == "approve")
+        device.decide(session, user_code, user, approve=decision == "approve", token_days=int(days) or None)
     except AppError as exc:
         context = {"user_code": user_code, "grant": None, "errors": {"user_code": exc.message}, "done": None}
         return render(request, "device.html", context, user=user, web=web, status_code=exc.status_code)
