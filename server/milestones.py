@@ -52,7 +52,8 @@ class Milestone(BaseModel):
     )
 
 
-def _reached(verified: int, online: float, first_round: bool, checkpoint: bool) -> list[str]:
+def reached(verified: int, online: float, first_round: bool, checkpoint: bool) -> list[str]:
+    """The keys reached with ``verified`` samples and ``online`` seconds over the experiments anyone may see."""
     reached = {
         "first_round": first_round,
         **{key: verified >= threshold for key, threshold, _ in SAMPLE_MILESTONES},
@@ -106,7 +107,7 @@ def for_profile(session: Session, user_id: int) -> list[Milestone]:
             )
         )
     dates = {"first_round": first_round, "checkpoint": first_checkpoint}
-    keys = _reached(int(verified or 0), float(online or 0.0), first_round is not None, first_checkpoint is not None)
+    keys = reached(int(verified or 0), float(online or 0.0), first_round is not None, first_checkpoint is not None)
     return [Milestone(key=key, title=TITLES[key], reached_at=dates.get(key)) for key in keys]
 
 
@@ -131,6 +132,6 @@ def keys_for(session: Session, user_ids: list[int]) -> dict[int, list[str]]:
     checkpoint = case((totals.c.verified > 0, held), else_=False)
     rows = session.execute(select(totals.c.user_id, totals.c.verified, totals.c.online, checkpoint)).all()
     return {
-        int(user_id): _reached(int(verified or 0), float(online or 0.0), int(verified or 0) > 0, bool(in_checkpoint))
+        int(user_id): reached(int(verified or 0), float(online or 0.0), int(verified or 0) > 0, bool(in_checkpoint))
         for user_id, verified, online, in_checkpoint in rows
     }
