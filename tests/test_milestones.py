@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from swarmhub.server import experiments, training_data
+from swarmhub.server import experiments, milestones, training_data
 from swarmhub.server.models import utcnow
 
 from .conftest import make_experiment, make_user
@@ -36,7 +36,7 @@ def checkpoint(settings: Any, db: Any, experiment_id: int, epoch: int, restored_
         training_data.record_checkpoint(session, settings, experiment, epoch, 2.0, f"run/{epoch}", restored_from)
 
 
-def milestones(client: Any, name: str) -> dict[str, Any]:
+def reached(client: Any, name: str) -> dict[str, Any]:
     response = client.get(f"/api/users/{name}")
     assert response.status_code == 200, response.text
     return {m["key"]: m for m in response.json()["milestones"]}
@@ -46,11 +46,11 @@ def test_rounds_crossing_a_million_give_the_first_round_and_1m_but_not_10m(clien
     olga, _ = make_user(db, "olga"), make_user(db, "ada")
     alpha = make_experiment(db, olga, slug="alpha", status="running")
     t0 = credit(db, alpha.id, "ada", "QmA", [("r-1", 3, 600_000.0), ("r-2", 4, 450_000.0)])
-    reached = milestones(client, "ada")
-    assert list(reached) == ["first_round", "samples_1m"]
-    first = reached["first_round"]["reached_at"]
+    got = reached(client, "ada")
+    assert list(got) == ["first_round", "samples_1m"]
+    first = got["first_round"]["reached_at"]
     assert first.startswith((t0 + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%S"))  # the first round's time
-    assert reached["samples_1m"] == {"key": "samples_1m", "title": "1M verified samples", "reached_at": None}
+    assert got["samples_1m"] == {"key": "samples_1m", "title": "1M verified samples", "reached_at": None}
     assert client.get("/api/users/ada").json()["verified_samples"] == 1_050_000
 
     page = client.get("/u/ada").text
@@ -62,7 +62,7 @@ def test_one_round_short_of_a_million_is_not_the_1m_milestone(client, db):
     olga, _ = make_user(db, "olga"), make_user(db, "ada")
     alpha = make_experiment(db, olga, slug="alpha", status="running")
     credit(db, alpha.id, "ada", "QmA", [("r-1", 3, 999_999.0)])
-    assert list(milestones(client, "ada")) == ["first_round"]
+    assert list(reached(client, "ada")) == ["first_round"]
 
 
 def test_claimed_and_pending_samples_earn_nothing(client, db):
@@ -84,19 +84,19 @@ def test_a_checkpoint_of_a_later_epoch_holds_the_round_unless_a_rollback_dropped
     credit(db, alpha.id, "ada", "QmA", [("a-1", 5, 10.0)])
     credit(db, alpha.id, "grace", "QmG", [("g-1", 12, 10.0)])
     checkpoint(settings, db, alpha.id, 5)  # the state at epoch 5: before ada's round's step
-    assert "checkpoint" not in milestones(client, "ada")
+    assert "checkpoint" not in reached(client, "ada")
     checkpoint(settings, db, alpha.id, 10)
     # Rolled back to epoch 10's checkpoint, shared at 20: grace's round at epoch 12 is not in any saved state.
     checkpoint(settings, db, alpha.id, 20, restored_from=10)
     checkpoint(settings, db, alpha.id, 25)
-    ada = milestones(client, "ada")
+    ada = reached(client, "ada")
     assert ada["checkpoint"]["title"] == "Helped train a checkpoint" and ada["checkpoint"]["reached_at"] is not None
-    assert "checkpoint" not in milestones(client, "grace")
+    assert "checkpoint" not in reached(client, "grace")
     board = {e["username"]: e["milestones"] for e in client.get("/api/experiments/alpha/leaderboard").json()}
     assert board == {"ada": ["first_round", "checkpoint"], "grace": ["first_round"]}
 
 
-def test_hidden_profile_exposes_no_milestones(client, db):
+def test_hidden_profile_exposes_no_reached(client, db):
     olga, ada = make_user(db, "olga"), make_user(db, "ada")
     alpha = make_experiment(db, olga, slug="alpha", status="running")
     credit(db, alpha.id, "ada", "QmA", [("r-1", 3, 1_200_000.0)])
@@ -137,3 +137,16 @@ def test_leaderboard_page_statements_do_not_grow_with_its_rows(app, client, db):
 
     assert page_statements(2) == page_statements(9)
     assert sum("round_credits" in s for s in statements) == 1  # the one milestone statement
+
+
+def test_a_day_online_summed_over_peers_is_the_24h_milestone():
+    # The profile's time online adds up per peer; twelve hours each of two peers make the day.
+    assert milestones.reached(0, 2 * 12 * 3600.0, False, False) == ["online_24h"]
+    assert milestones.reached(0, 24 * 3600.0 - 1, False, False) == []
+    assert milestones.reached(100_000_000, 0.0, True, True) == [
+        "first_round",
+        "samples_1m",
+        "samples_10m",
+        "samples_100m",
+        "checkpoint",
+    ]
