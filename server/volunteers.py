@@ -18,11 +18,9 @@ from pydantic import BaseModel, Field
 from sqlalchemy import BigInteger, Integer, cast, func, select
 from sqlalchemy.orm import Session
 
-from swarmhub.worker.protocol import ExperimentStatus
-
 from . import exports, milestones
 from .errors import NotFound
-from .milestones import Milestone
+from .milestones import PUBLIC, Milestone
 from .models import (
     Experiment,
     ExperimentTotal,
@@ -92,9 +90,6 @@ class VolunteerStats(BaseModel):
 
 
 CSV_FIELDS = ("username", "verified_samples", "experiments")
-
-
-PUBLIC = Experiment.status != ExperimentStatus.draft  # the experiments anyone may see (experiments.can_view)
 
 
 def visible_user(session: Session, username: str) -> User:
