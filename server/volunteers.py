@@ -18,10 +18,9 @@ from pydantic import BaseModel, Field
 from sqlalchemy import BigInteger, Integer, cast, func, select
 from sqlalchemy.orm import Session
 
-from swarmhub.worker.protocol import ExperimentStatus
-
-from . import exports
+from . import exports, milestones
 from .errors import NotFound
+from .milestones import PUBLIC, Milestone
 from .models import (
     Experiment,
     ExperimentTotal,
@@ -72,6 +71,9 @@ class VolunteerProfile(BaseModel):
     history_bucket_seconds: int | None = Field(description="The history's resolution; null without history")
     history: list[HistoryPoint] = Field(description="Verified samples over time, cumulative")
     team: str | None = Field(default=None, description="The team they are in now (/teams/{team}); null when none")
+    milestones: list[Milestone] = Field(
+        default_factory=list, description="Reached from verified work only (milestones.py), in a fixed order"
+    )
 
 
 class VolunteerStatsRow(BaseModel):
@@ -88,9 +90,6 @@ class VolunteerStats(BaseModel):
 
 
 CSV_FIELDS = ("username", "verified_samples", "experiments")
-
-
-PUBLIC = Experiment.status != ExperimentStatus.draft  # the experiments anyone may see (experiments.can_view)
 
 
 def visible_user(session: Session, username: str) -> User:
@@ -140,6 +139,7 @@ def profile(session: Session, username: str) -> VolunteerProfile:
         team=session.scalar(
             select(Team.name).join(TeamMember, TeamMember.team_id == Team.id).where(TeamMember.user_id == user.id)
         ),
+        milestones=milestones.for_profile(session, user.id),
     )
 
 

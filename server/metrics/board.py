@@ -14,7 +14,7 @@ from sqlalchemy import BigInteger, Integer, Row, Select, Text, and_, bindparam, 
 from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
-from .. import contributions
+from .. import contributions, milestones
 from ..errors import BadRequest
 from ..models import Experiment
 from ..security import StoredText
@@ -49,6 +49,10 @@ class LeaderboardEntry(BaseModel):
     last_seen: datetime | None
     flags: list[str] | None = Field(
         default=None, description="Implausible claims, for the experiment's organizer only (null for others)"
+    )
+    milestones: list[str] = Field(
+        default_factory=list,
+        description="Keys of the volunteer's milestones, hub-wide (see the profile); empty when they hid their profile",
     )
 
 
@@ -246,6 +250,8 @@ def leaderboard_page(
     references = (
         _ClassReferences(session, experiment.id, json.loads(rows[0].signed_peaks or "{}")) if with_flags else None
     )
+    # one statement for the page's visible profiles, not one per row (a hidden profile shows none)
+    reached = milestones.keys_for(session, [row.user_id for row in rows if not row.profile_hidden])
     board = []
     for rank, row in enumerate(rows, start=first_rank):
         seen = [t for t in (row.last_report_at, row.last_signed_at) if t is not None]
@@ -264,6 +270,7 @@ def leaderboard_page(
                 active=last_seen is not None and last_seen >= since,
                 last_seen=last_seen,
                 flags=_flags(experiment, row, references) if references is not None else None,
+                milestones=reached.get(row.user_id, []),
             )
         )
     return LeaderboardPage(entries=board, next_cursor=next_cursor)

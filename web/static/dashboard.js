@@ -50,6 +50,10 @@
     return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";
   }
 
+  // short labels of the milestone keys leaderboard rows carry (server/milestones.py)
+  const MILESTONE_LABELS = { first_round: "1st round", samples_1m: "1M", samples_10m: "10M", samples_100m: "100M",
+    online_24h: "24 h", checkpoint: "checkpoint" };
+
   function renderLeaderboard(rows) {
     const body = document.querySelector("#leaderboard tbody");
     body.replaceChildren();
@@ -74,6 +78,12 @@
         link.href = r.profile_url; link.textContent = r.username;
         tr.children[1].replaceChildren(link);
       }
+      (r.milestones || []).forEach(function (key) {  // text only: a key is data
+        const badge = document.createElement("span");
+        badge.className = "badge badge-small"; badge.dataset.key = key;
+        badge.textContent = MILESTONE_LABELS[key] || key;
+        tr.children[1].append(" ", badge);
+      });
       body.appendChild(tr);
     });
   }
