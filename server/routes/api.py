@@ -24,7 +24,7 @@ from swarmhub.worker.protocol import (
     TokenResponse,
 )
 
-from .. import accounts, device, experiments, leases, metrics, quotas
+from .. import accounts, device, experiments, leases, metrics, quotas, swarm_view
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, api_token, reconcile_after_commit
 from ..errors import BadRequest, Unavailable, documented
 from ..ratelimit import limited, limited_per_account
@@ -303,6 +303,14 @@ def unban_volunteer(slug: str, username: StoredText, session: DB, user: Organize
     experiments.unban(session, experiments.get_managed(session, slug, user), username)
     reconcile_after_commit(request, session)
     return Response(status_code=204)
+
+
+@router.get("/experiments/{slug}/swarm", response_model=swarm_view.SwarmView)
+def swarm_peers(slug: str, session: DB, user: OrganizerUser, settings: AppSettings) -> swarm_view.SwarmView:
+    """The peers now in the swarm (read by the monitor within the active window), each with its volunteer, rates,
+    newest witnessed round and flags (organizer and administrators only: it names every volunteer's peers)."""
+    experiment = experiments.get_managed(session, slug, user)
+    return swarm_view.view(session, experiment, settings.active_window_seconds)
 
 
 @router.get("/experiments/{slug}/denylist", response_model=DenyListPublic)

@@ -14,7 +14,7 @@ from starlette.datastructures import UploadFile
 from swarmhub.worker.protocol import Aggregation, OptimizerName, Overlap, TrainingSettings
 from swarmhub.worker.tasks import available_tasks, get_task
 
-from .. import corpus_upload, experiments, quotas, rollback, teams, training_data
+from .. import corpus_upload, experiments, quotas, rollback, swarm_view, teams, training_data
 from ..deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser, reconcile_after_commit
 from ..errors import AppError
 from ..models import Corpus
@@ -207,6 +207,7 @@ def _dashboard(
         "corpus_error": corpus_error or {},
         "corpus_defaults": training_data.CorpusOptions(),
         "team_standings": teams.experiment_standings(session, experiment),
+        "swarm": swarm_view.view(session, experiment, settings.active_window_seconds) if can_manage else None,
     }
     return render(request, "dashboard.html", context, user=user, web=web, status_code=status_code)
 
