@@ -1,4 +1,5 @@
-"""Who may change what: every state-changing route against every role (anonymous, volunteer, organizer of
+"""Who may change what, and read what only organizers may: every state-changing route (and the organizer's swarm
+view) against every role (anonymous, volunteer, organizer of
 another experiment, the experiment's organizer, an administrator). Only the right ones succeed; the others
 get 401 (anonymous, API) or a redirect to the log-in page (anonymous, pages), 403 otherwise, and change nothing."""
 
@@ -29,6 +30,7 @@ API_ROUTES: list[tuple[str, str, str, dict[str, Any] | None, set[str]]] = [
     ("pause", "POST", "/api/experiments/target/status", {"action": "pause"}, MANAGERS),
     ("ban", "POST", "/api/experiments/target/bans", {"username": "vera"}, MANAGERS),
     ("unban", "DELETE", "/api/experiments/target/bans/vera", None, MANAGERS),
+    ("swarm-view", "GET", "/api/experiments/target/swarm", None, MANAGERS),  # a read, but it names every peer
     ("swarm-token", "POST", "/api/experiments/target/swarm-token", {"peer_public_key": PEER_KEY}, SIGNED_IN),
     ("probe-upload", "POST", "/api/probe/upload", None, SIGNED_IN),
     ("revoke-own-token", "DELETE", "/api/auth/token", None, SIGNED_IN),
