@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from playwright.sync_api import sync_playwright
 
 CHROMIUM = os.environ.get("SWARMHUB_CHROMIUM", "/usr/bin/chromium")
@@ -34,3 +35,14 @@ def page() -> Iterator[Any]:
         context = browser.new_context(viewport={"width": 1200, "height": 1400})
         yield context.new_page()
         browser.close()
+
+
+def browser_app(tmp_path: Path) -> FastAPI:
+    """The app the browser tests serve: a fresh SQLite database in ``tmp_path``, no swarm processes."""
+    from swarmhub.server.app import create_app
+    from swarmhub.server.settings import Settings
+
+    database = f"sqlite:///{tmp_path / 'browser.db'}"
+    return create_app(
+        Settings(environment="test", data_dir=tmp_path / "data", database_url=database, swarm_enabled=False)
+    )

@@ -12,12 +12,9 @@ import pytest
 from playwright.sync_api import expect
 from websockets.sync.client import connect
 
-from swarmhub.server.app import create_app
-from swarmhub.server.settings import Settings
-
 from ..conftest import PASSWORD, LiveServer, make_experiment, make_user
 from ..support import report, worker_run
-from .conftest import ARTIFACTS
+from .conftest import ARTIFACTS, browser_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 TITLE = "<i>ALBERT</i> together"
@@ -25,13 +22,7 @@ TITLE = "<i>ALBERT</i> together"
 
 @pytest.fixture
 def server(tmp_path: Path):
-    settings = Settings(
-        environment="test",
-        data_dir=tmp_path / "data",
-        database_url=f"sqlite:///{tmp_path / 'browser.db'}",
-        swarm_enabled=False,
-    )
-    with LiveServer(create_app(settings)) as live:
+    with LiveServer(browser_app(tmp_path)) as live:
         yield live
 
 

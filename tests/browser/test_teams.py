@@ -10,13 +10,11 @@ from urllib.parse import quote
 import pytest
 from playwright.sync_api import expect
 
-from swarmhub.server.app import create_app
 from swarmhub.server.models import Team, TeamMember, User, utcnow
-from swarmhub.server.settings import Settings
 
 from ..conftest import LiveServer, make_experiment, make_user
 from ..support import observe, witness
-from .conftest import ARTIFACTS
+from .conftest import ARTIFACTS, browser_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -26,13 +24,7 @@ DESCRIPTION = "<script>alert('team')</script><b>bold</b>"
 
 @pytest.fixture
 def server(tmp_path: Path):
-    settings = Settings(
-        environment="test",
-        data_dir=tmp_path / "data",
-        database_url=f"sqlite:///{tmp_path / 'browser.db'}",
-        swarm_enabled=False,
-    )
-    app = create_app(settings)
+    app = browser_app(tmp_path)
     with LiveServer(app) as live:
         db = app.state.sessionmaker
         olga = make_user(db, "olga")
