@@ -222,7 +222,7 @@ main()
 def test_a_huge_claimed_weight_earns_no_more_than_the_honest_peer_and_is_flagged(tmp_path):
     """vera runs the real worker claiming a million samples in every round while doing a fraction of ada's work.
     The reducers count her claim at the target batch at most, the ledger credits her peer at most what ada's gained
-    over the same minutes, and the server's witness flags her for the organizer."""
+    over the same minutes, and the server's witness flags her for the organizer whenever it credits her."""
     with running_server(tmp_path) as (url, _):
         organizer = {"Authorization": f"Bearer {signup(url, 'organizer')}"}
         start_open_digits(url, organizer)
@@ -233,6 +233,10 @@ def test_a_huge_claimed_weight_earns_no_more_than_the_honest_peer_and_is_flagged
     rows = {entry["username"]: entry for entry in board}
     assert rows["ada"]["samples"] > 0, (board, outputs["ada"][-3000:])
     assert rows["vera"]["samples"] <= rows["ada"]["samples"], board
-    assert "refused data" in " ".join(rows["vera"]["flags"]), board
+    # The witness flags a claim in any round in which it reduces one of her parts, and credits her only for a round
+    # in which it reduced all of them: she is never credited unflagged. (Whether she reaches a round with the witness
+    # at all depends on her peer: lagging behind the swarm, it spends its time catching up and may never average.)
+    flagged = "refused data" in " ".join(rows["vera"]["flags"])
+    assert flagged or rows["vera"]["samples"] == 0, board
     assert not any("refused data" in flag for flag in rows["ada"]["flags"]), board
     assert outlived(seen_children) == set()
