@@ -34,6 +34,7 @@ from .. import __version__
 from .protocol import (
     DenyListPublic,
     DeviceCode,
+    ExperimentDetail,
     ExperimentSummary,
     JoinRequest,
     JoinResponse,
@@ -288,10 +289,10 @@ class ApiClient:
         self._raise_for_status(response)
         return self._parse(TypeAdapter(list[ExperimentSummary]), response)
 
-    def experiment(self, slug: str) -> ExperimentSummary:
+    def experiment(self, slug: str) -> ExperimentDetail:
         response = self._send("GET", f"/api/experiments/{quote(slug, safe='')}", auth=None)
         self._raise_for_status(response, slug=slug)
-        return self._parse(ExperimentSummary, response)
+        return self._parse(ExperimentDetail, response)
 
     def join(self, slug: str, request: JoinRequest, *, retry_for: float = JOIN_RETRY_SECONDS) -> JoinResponse:
         """Join an experiment; waits (up to ``retry_for`` s) while the server starts its swarm peer (503)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import resource
 import socket
 import threading
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from .client import MAX_CLOCK_SKEW_SECONDS, ApiClient, WorkerError
+from .protocol import swarm_rate_cap
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +94,18 @@ def check_throughput(
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - (started or time.perf_counter())
     rate = steps * task.batch_size / max(elapsed, 1e-9)
-    return Finding("throughput", OK, f"{rate:,.0f} samples/s on {experiment.task!r} ({steps} timed steps)")
+    measured = f"{rate:,.0f} samples/s on {experiment.task!r} ({steps} timed steps)"
+    target, matchmaking = getattr(experiment, "target_batch_size", None), getattr(experiment, "matchmaking_time", None)
+    if target and matchmaking and rate > (cap := swarm_rate_cap(target, matchmaking)):
+        return Finding(
+            "throughput",
+            WARN,
+            f"{measured}, but the experiment's settings let the whole swarm train at most {cap:,.0f} samples/s "
+            f"(a target batch of {target:,} per matchmaking time of {matchmaking:g} s): this machine alone would "
+            "spend most of its time waiting",
+            f"ask the organizer to raise the target batch size to at least {math.ceil(rate * matchmaking):,}",
+        )
+    return Finding("throughput", OK, measured)
 
 
 def check_clock(client: ApiClient) -> Finding:

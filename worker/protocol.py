@@ -77,6 +77,13 @@ class TrainingSettings(BaseModel):
     )
 
 
+def swarm_rate_cap(target_batch_size: int, matchmaking_time: float) -> float:
+    """The most samples a second a whole swarm can train with these settings: a peer waits at least
+    ``matchmaking_time`` between two optimizer steps (the epoch-length guard that keeps hivemind's matchmaking from
+    wedging), and the swarm gathers ``target_batch_size`` samples per step."""
+    return round(target_batch_size / matchmaking_time, 1)
+
+
 class ExperimentConfig(TrainingSettings):
     """The experiment as a worker receives it."""
 
@@ -95,6 +102,16 @@ class ExperimentSummary(BaseModel):
     task: str
     created_at: datetime
     task_params: dict[str, Any] = Field(default_factory=dict, description="Set by `GET /api/experiments/{slug}`")
+
+
+class ExperimentDetail(ExperimentSummary):
+    """One experiment as ``GET /api/experiments/{slug}`` shows it, as far as the worker reads it."""
+
+    target_batch_size: int | None = None
+    matchmaking_time: float | None = None
+    max_swarm_samples_per_second: float | None = Field(
+        default=None, description="The most samples/s the whole swarm can train at with these settings"
+    )
 
 
 class JoinRequest(BaseModel):

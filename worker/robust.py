@@ -282,7 +282,7 @@ def make_runner_class() -> type:
             super().__init__(**kwargs)
             # hivemind's own reducer is replaced before any part arrives: mark it finished so that its finalizer
             # does not log a spurious "received 0.0% of input tensors" for every round
-            self.tensor_part_reducer.finished.set()
+            vars(self)["tensor_part_reducer"].finished.set()
             shapes = tuple(part.shape for part in self.parts_for_local_averaging)
             senders = [peer.to_base58() for peer in self.sender_peer_ids]
             self.tensor_part_reducer = reducer_class(shapes, len(self.sender_peer_ids), senders)

@@ -15,6 +15,7 @@ from swarmhub.worker.protocol import (
     ExperimentStatus,
     ExperimentSummary,
     TrainingSettings,
+    swarm_rate_cap,
 )
 from swarmhub.worker.tasks import UnknownTask, get_task
 
@@ -152,6 +153,11 @@ class ExperimentPublic(ExperimentSummary, TrainingSettings):
     auto_remove_flags: int
     join_policy: JoinPolicy
     updated_at: datetime
+    max_swarm_samples_per_second: float = Field(
+        description="The most samples/s the whole swarm can train at with these settings: each peer waits at least "
+        "matchmaking_time between optimizer steps, so the swarm gathers at most target_batch_size samples per "
+        "matchmaking_time. Set it above the swarm's hardware, or it waits instead of training."
+    )
 
 
 class StatusChange(BaseModel):
@@ -171,6 +177,7 @@ def to_public(experiment: Experiment) -> ExperimentPublic:
         max_peers_per_volunteer=experiment.max_peers_per_volunteer,
         auto_remove_flags=experiment.auto_remove_flags,
         join_policy=JoinPolicy(experiment.join_policy),
+        max_swarm_samples_per_second=swarm_rate_cap(experiment.target_batch_size, experiment.matchmaking_time),
         created_at=experiment.created_at,
         updated_at=experiment.updated_at,
     )

@@ -48,6 +48,7 @@ def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path
     page.fill("input[name='param.digits.hidden_size']", "32")
     page.fill("input[name=target_batch_size]", "4096")
     page.fill("input[name=matchmaking_time]", "1")
+    expect(page.locator("#rate-cap-value")).to_have_text("4,096")  # the swarm's cap, as the fields are typed
     page.click("#experiment-form button[type=submit]")
     expect(page.locator("#error-slug")).to_contain_text("lowercase letters")
     expect(page.locator("input[name=title]")).to_have_value("Browser digits")  # nothing typed is lost

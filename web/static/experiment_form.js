@@ -12,3 +12,18 @@
   select.addEventListener("change", sync);
   sync();
 })();
+
+// The swarm's rate cap (target batch size / matchmaking time), kept up to date as either field changes.
+(function () {
+  const out = document.getElementById("rate-cap-value");
+  const batch = document.querySelector("input[name=target_batch_size]");
+  const matchmaking = document.querySelector("input[name=matchmaking_time]");
+  if (!out || !batch || !matchmaking) return;
+  function sync() {
+    const b = parseFloat(batch.value), m = parseFloat(matchmaking.value);
+    out.textContent = b > 0 && m > 0 ? Math.round(b / m).toLocaleString("en-US") : "?";
+  }
+  batch.addEventListener("input", sync);
+  matchmaking.addEventListener("input", sync);
+  sync();
+})();
