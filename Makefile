@@ -67,6 +67,7 @@ check: setup
 	cp swarmhub/__init__.py build/typecheck/swarmhub/
 	for d in server worker web migrations; do ln -s "$(CURDIR)/$$d" build/typecheck/swarmhub/$$d; done
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p swarmhub.server -p swarmhub.worker
+	$(BIN)/mypy --config-file pyproject.toml bench/*.py
 
 clean:
 	rm -rf $(VENV) web/node_modules .swarmhub-demo

@@ -106,7 +106,7 @@ async def _viewers(cfg: dict[str, Any]) -> None:
                     except (TimeoutError, ConnectionClosed):
                         break
                     now = time.time()
-                    found = TOTAL_SAMPLES.search(raw)
+                    found = TOTAL_SAMPLES.search(raw if isinstance(raw, str) else raw.decode())
                     if found:
                         mine.append((now, int(found.group(1))))
                     if index == 0:

@@ -217,9 +217,9 @@ def measure(
         path.write_text(json.dumps({**cfg_common, "workers": t.workers[i::CLIENTS]}))
         procs.append(h.spawn(f"{tag}-client{i}", [sys.executable, os.path.abspath(__file__), "--client", str(path)]))
     stored0 = s.stored_reports(t.database_url, t.slug) if t.database_url else 0
-    c.sleep_until(cfg_common["window_start"])
+    c.sleep_until(start_at + warmup)
     cpu0 = s.cpu_seconds(t.pid)
-    c.sleep_until(cfg_common["window_end"])
+    c.sleep_until(start_at + warmup + window)
     server_cpu = (s.cpu_seconds(t.pid) - cpu0) / window
     results = []
     for p in procs:

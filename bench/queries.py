@@ -106,7 +106,7 @@ class Reference:
         if verified:
             # Was ``.where(User.id.in_(verified))``: one bind parameter per volunteer, over psycopg's 65,535 at
             # 100,000 volunteers (the scan-based code failed there); every name instead.
-            names = dict(session.execute(select(User.id, User.username)).tuples().all())
+            names: dict[int, str] = dict(session.execute(select(User.id, User.username)).tuples().all())
             for user_id, v in verified.items():
                 entry = entry_for(user_id, names[user_id])
                 if v.last_seen is not None and (entry["last_seen"] is None or v.last_seen > entry["last_seen"]):
@@ -152,7 +152,7 @@ class Reference:
         per_user: dict[int, dict[str, Any]],
         verified: dict[int, contributions.Verified],
     ) -> dict[int, list[str]]:
-        peaks = dict(
+        peaks: dict[int, float] = dict(
             session.execute(
                 select(WorkerRun.user_id, func.max(MetricPoint.samples_per_second))
                 .join(MetricPoint, MetricPoint.worker_run_id == WorkerRun.id)
