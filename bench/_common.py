@@ -3,8 +3,9 @@
 - :class:`Harness` starts every process a benchmark needs in its own process group, tagged with a unique
   environment variable that hivemind's children (DHT, averagers, ``p2pd``) inherit, and on exit stops them
   (gracefully first, then ``killpg``) and checks that no tagged process, ``p2pd`` included, is left behind.
-- :meth:`Harness.swarm_peer` starts the server's bootstrap/monitor peer (``python -m swarmhub.server.swarm_peer``)
-  with a signing key file, as ``tests/test_training_swarm.py`` does; :func:`make_join` builds the JoinResponse the
+- :meth:`Harness.swarm_peer` starts the server's bootstrap/monitor peer (``python -m
+  swarmhub.server.swarm.bootstrap_peer``) with a signing key file, as ``tests/test_training_swarm.py`` does;
+  :func:`make_join` builds the JoinResponse the
   server would answer, like ``make_join`` there.
 - :meth:`Harness.worker` starts ``bench/_worker.py`` in one of its modes; workers print JSON lines on stdout.
 - Statistics (median and spread) and table printing.
@@ -218,7 +219,7 @@ class Harness:
             argv = [
                 sys.executable,
                 "-m",
-                "swarmhub.server.swarm_peer",
+                "swarmhub.server.swarm.bootstrap_peer",
                 "--run-id",
                 run_id,
                 "--host",

@@ -52,7 +52,7 @@ def emit(event: dict[str, Any]) -> None:
 def watch_stdin(on_eof: Any = _stop.set) -> None:
     """Stop when the harness closes our stdin. The pipe is read from a private copy of fd 0 and fd 0 becomes
     /dev/null first: hivemind forks, and a forked child closing a stdin another thread reads would deadlock
-    (as in swarmhub.server.swarm_peer)."""
+    (as in swarmhub.server.swarm.bootstrap_peer)."""
     pipe = os.dup(0)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

@@ -97,7 +97,7 @@ def bootstrap(folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str],
     key_text = swarm_access.new_signing_key_der()
     (folder / "signing").write_text(key_text)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "swarmhub.server.swarm_peer", "--run-id", run_id, "--host", "127.0.0.1",
+        [sys.executable, "-m", "swarmhub.server.swarm.bootstrap_peer", "--run-id", run_id, "--host", "127.0.0.1",
          "--signing-key-file", str(folder / "signing"), "--identity", str(folder / "peer.key")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )  # fmt: skip

@@ -3,8 +3,9 @@ client mode for a peer that cannot be dialed, an auxiliary peer on a fast link) 
 the peers' links are uneven?
 
 Setup (``bench/_netlab.py``): every peer runs in a network namespace of its own, joined by a veth pair to a bridge
-in a *switch* namespace, where the server's bootstrap/monitor peer (``python -m swarmhub.server.swarm_peer``) and
-the server's real probe routes (``swarmhub.server.routes.probe``) run. Each link is shaped by ``tbf`` in both
+in a *switch* namespace, where the server's bootstrap/monitor peer (``python -m
+swarmhub.server.swarm.bootstrap_peer``) and the server's real probe routes (``swarmhub.server.routes.probe``) run.
+Each link is shaped by ``tbf`` in both
 directions: ``fast`` 100 Mbit/s, ``slow1`` and ``slow2`` 10 Mbit/s, ``nat`` 20 Mbit/s and unreachable (the switch
 drops every TCP SYN headed for it, as a NAT does: it can dial out, nobody can dial in), ``aux`` 100 Mbit/s (only
 the adaptive variant has a peer there). Four trainers (fast, slow1, slow2, nat) run ``train()`` on digits' MLP at
@@ -132,7 +133,7 @@ def swarm_peer_argv(h: c.Harness, lab: net.Lab, name: str, port: int) -> tuple[l
     (folder / "signing").write_text(key_text)
     identity = swarm_access.load_or_create_identity(folder / "peer.key")
     peer_id = swarm_access.peer_id_for_public_key(identity.get_public_key().to_bytes())
-    argv = [sys.executable, "-m", "swarmhub.server.swarm_peer", "--run-id", run_id, "--host", net.SWITCH_IP,
+    argv = [sys.executable, "-m", "swarmhub.server.swarm.bootstrap_peer", "--run-id", run_id, "--host", net.SWITCH_IP,
             "--port", str(port), "--signing-key-file", str(folder / "signing"),
             "--identity", str(folder / "peer.key")]  # fmt: skip
     maddr = f"/ip4/{net.SWITCH_IP}/tcp/{port}/p2p/{peer_id}"

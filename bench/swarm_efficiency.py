@@ -5,7 +5,7 @@ What it measures (samples/s over a steady-state window after warm-up; on whole s
 holds two epoch changes or more):
 
 - swarmhub swarm: two swarmhub workers (``train()`` with a JoinResponse built like the tests' ``make_join``, the
-  server's bootstrap/monitor peer ``python -m swarmhub.server.swarm_peer``) in one swarm. The second joins the
+  server's bootstrap/monitor peer ``python -m swarmhub.server.swarm.bootstrap_peer``) in one swarm. The second joins the
   first after the first's solo window, as volunteers join a running experiment; the window starts at the first
   epoch they finish together;
 - solo: each worker alone in a swarm of one, the same code as in the swarm (``train()``, its own

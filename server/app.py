@@ -42,6 +42,7 @@ from .ratelimit import make_limiter
 from .routes import api, data, hub, pages, probe, teams, volunteers, ws
 from .settings import Settings
 from .swarm import SwarmHost
+from .swarm import events as peer_events
 from .views import render_error
 
 logger = logging.getLogger("swarmhub.server")
@@ -139,21 +140,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "restore": rollback.restore_order(experiment),  # written to the peer's restore file at every reconcile
         }
 
-    def record_checkpoint(run_id: str, event: dict[str, Any]) -> None:
+    def record_checkpoint(run_id: str, event: peer_events.Checkpoint) -> None:
         """The checkpoint peer saved the swarm's model: list it (and prune the oldest files)."""
         with app.state.sessionmaker.begin() as session:
             experiment = experiments.by_run_id(session, run_id)
             if experiment is None:
                 return
-            loss = event.get("eval_loss")
             training_data.record_checkpoint(
-                session,
-                settings,
-                experiment,
-                int(event["epoch"]),
-                float(loss) if isinstance(loss, int | float) else None,
-                str(event["folder"]),
-                int(event["restored_from"]) if isinstance(event.get("restored_from"), int) else None,
+                session, settings, experiment, event.epoch, event.eval_loss, event.folder, event.restored_from
             )
             slug = experiment.slug
         loop = app.state.loop
@@ -169,12 +163,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 if maddrs:
                     leases.publish(session, run_id, instance, maddrs, swarm.swarm_peers(run_id))
 
-    def record_progress(run_id: str, event: dict[str, Any]) -> None:
+    def record_progress(run_id: str, event: peer_events.Progress) -> None:
         """The monitor peer read the swarm's signed progress records and what the server's witness published: add
         them to the ledger (and remove a volunteer whose flags reached the organizer's limit)."""
-        contributors = contributions.parse(event.get("contributors"))
-        rounds = witnessed.parse_rounds(event.get("rounds"))
-        flags = witnessed.parse_flags(event.get("flags"))
+        contributors = contributions.parse(event.contributors)
+        rounds = witnessed.parse_rounds(event.rounds)
+        flags = witnessed.parse_flags(event.flags)
         if not contributors and not rounds and not flags:
             return
         with app.state.sessionmaker.begin() as session:

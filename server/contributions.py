@@ -1,6 +1,6 @@
 """Verified contributions: what each volunteer's peer did, as the swarm's signed records show it.
 
-The experiment's monitor peer (``swarm_peer.py``) reads every peer's ``{run_id}_progress`` record about once a
+The experiment's monitor peer (``swarm/bootstrap_peer.py``) reads every peer's ``{run_id}_progress`` record about once a
 second. hivemind signs each record with the peer's key (its ``[owner:...]`` subkey), and the monitor credits a
 record to a volunteer only when that key is the one in a valid access token on the run's roster, a token the
 server signed for that volunteer. This module keeps the ledger those observations feed:
@@ -34,7 +34,7 @@ from .models import Experiment, ExperimentTotal, PeerEpoch, RoundCredit, SwarmPe
 
 logger = logging.getLogger("swarmhub.contributions")
 
-# How often the monitor peer reads the records (``swarm_peer --interval``). What a peer adds in its last
+# How often the monitor peer reads the records (``bootstrap_peer --interval``). What a peer adds in its last
 # moments of an epoch, after the monitor's last read of it, is not seen: at most this long at its rate.
 MONITOR_SECONDS = 1.0
 # A peer keeps accumulating until it notices the swarm reached its batch: its count for an epoch can pass

@@ -116,7 +116,7 @@ def running_swarm_peer(folder: Path) -> Iterator[Swarm]:
         [
             sys.executable,
             "-m",
-            "swarmhub.server.swarm_peer",
+            "swarmhub.server.swarm.bootstrap_peer",
             "--run-id",
             run_id,
             "--host",

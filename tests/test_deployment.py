@@ -458,7 +458,7 @@ def test_dockerfile_runs_as_a_user_outside_the_source_tree() -> None:
     assert users, "the image must not run as root"
     user = users[-1].split(":")[0]
     assert user not in ("root", "0")
-    # `python -m swarmhub.server.swarm_peer` puts the working directory first on sys.path: the source tree's
+    # `python -m swarmhub.server.swarm.bootstrap_peer` puts the working directory first on sys.path: the source tree's
     # swarmhub/ folder (no server/ in it) would shadow the installed package.
     copies = [copy_parts(stage.instructions[i][1]) + (i,) for i in find(stage, "COPY")]
     (tree,) = [workdir_at(stage, i) / dest for flags, sources, dest, i in copies if sources == ["."]]

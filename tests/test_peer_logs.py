@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from swarmhub.server import peer_logs
+from swarmhub.server.swarm import peer_logs
 
 FLOOD = """
 import logging, sys

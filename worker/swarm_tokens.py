@@ -1,8 +1,8 @@
 """Swarm access tokens and experiment keys, without hivemind: what the server process signs and checks.
 
 The server signs a token for every volunteer who joins, but it runs no hivemind peer itself (its peers are
-subprocesses, ``server/swarm_peer.py`` and ``server/aux_peer.py``), and importing hivemind would load torch
-into every server process. So the token format, the RSA scheme and the key formats live here, on
+subprocesses, ``server/swarm/bootstrap_peer.py`` and its companions), and importing hivemind would load torch into
+every server process. So the token format, the RSA scheme and the key formats live here, on
 ``cryptography`` alone; ``swarm_access`` adds hivemind's token protocol and the averaging guard on top.
 
 The signed bytes are defined here, once, and never a language's repr::

@@ -2,7 +2,7 @@
 
 Run as its own process by ``SwarmHost`` (hivemind objects must never cross a ``spawn``):
 
-    python -m swarmhub.server.checkpoint_peer --config FILE --signing-key-file FILE --identity FILE --host HOST
+    python -m swarmhub.server.swarm.checkpoint_peer --config FILE --signing-key-file FILE --identity FILE --host HOST
 
 It joins the experiment's swarm as the server's own peer (a token it signs itself, as ``swarmhub``), computes
 nothing, and every ``interval_seconds``:
@@ -23,21 +23,20 @@ swarm cleanly on SIGTERM, SIGINT, or when its stdin closes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
 import zipfile
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from .events import Checkpoint, KeeperConfig, Keeping, Ready, RestoreFailed, Stopped
+from .process import ServerPeerAccess, companion_arguments, emit, stop_event
 
 logger = logging.getLogger("swarmhub.checkpoint_peer")
 # A rolled-back state is shared this many epochs past the newest the swarm shows: a volunteer training on its own
@@ -47,11 +46,6 @@ ROLLBACK_EPOCH_MARGIN = 10
 # peer stores its own, at its epoch, every ANNOUNCE_EVERY seconds for ANNOUNCE_SECONDS, so that every peer reads it
 ANNOUNCE_SECONDS = 120.0
 ANNOUNCE_EVERY = 5.0
-
-
-def _emit(event: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 def newest_checkpoint(folder: Path) -> Path | None:
@@ -86,7 +80,7 @@ class Keeper:
 
     def __call__(self, opt: Any, task: Any, model: Any, should_stop: Callable[[], Any]) -> None:
         self.resume(opt, model)
-        _emit({"event": "keeping", "epoch": opt.local_epoch})
+        emit(Keeping(epoch=opt.local_epoch))
         next_check = time.monotonic() + self.interval
         while should_stop() is None:
             try:
@@ -130,7 +124,7 @@ class Keeper:
                 self.restore(opt, task, model, folder, epoch)
             else:
                 logger.warning("no checkpoint of step %d to roll back to in %s", epoch, self.folder)
-                _emit({"event": "restore-failed", "epoch": epoch, "reason": "its files are gone"})
+                emit(RestoreFailed(epoch=epoch, reason="its files are gone"))
         finally:
             self.restored_seq = seq
             tmp = self.folder / ".restored.json.tmp"
@@ -236,103 +230,41 @@ class Keeper:
             shutil.rmtree(tmp, ignore_errors=True)
         self.saved_epoch = epoch
         loss = eval_loss if eval_loss is None or eval_loss == eval_loss else None  # NaN is not JSON
-        event = {"event": "checkpoint", "epoch": epoch, "eval_loss": loss, "folder": f"{self.run_id}/{name}"}
-        _emit({**event, "restored_from": restored_from} if restored_from is not None else event)
+        emit(Checkpoint(epoch=epoch, eval_loss=loss, folder=f"{self.run_id}/{name}", restored_from=restored_from))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="swarmhub-checkpoint-peer")
-    parser.add_argument("--config", required=True, help="JSON: experiment, run_id, initial_peers, corpus, folder")
-    parser.add_argument("--signing-key-file", required=True)
-    parser.add_argument("--identity", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--announce-host", default="", help="public address to announce (behind NAT) with --port")
-    parser.add_argument("--token-minutes", type=float, default=60.0)
+    parser = companion_arguments(
+        "swarmhub-checkpoint-peer", "JSON (events.KeeperConfig): experiment, run_id, initial_peers, corpus, folder"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     logger.setLevel(logging.INFO)
-
-    stop = threading.Event()
-    main_pid = os.getpid()
-
-    def on_signal(signum: int, frame: object) -> None:
-        if os.getpid() == main_pid:
-            stop.set()
-        else:  # a process hivemind forked inherited this handler: it must still die
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
-
-    # As in swarm_peer: watch the parent's pipe on a private copy of fd 0 (hivemind forks).
-    parent_pipe = os.dup(0)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-
-    def watch_parent() -> None:
-        try:
-            while os.read(parent_pipe, 1024):
-                pass
-        except OSError:
-            pass
-        stop.set()
-
-    threading.Thread(target=watch_parent, daemon=True).start()
+    stop = stop_event()
 
     from swarmhub.server.settings import tcp_maddr
-    from swarmhub.worker import swarm_access
     from swarmhub.worker.data import LocalCorpus
-    from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
     from swarmhub.worker.training import train
 
-    config = json.loads(Path(args.config).read_text())
-    signing_key = swarm_access.signing_key_from_text(Path(args.signing_key_file).read_text().strip())
-    identity = Path(args.identity)
-    public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes()
-    run_id = config["run_id"]
-    lifetime = timedelta(minutes=args.token_minutes)
-
-    def mint() -> SwarmToken:
-        token = swarm_access.sign_token(signing_key, run_id, swarm_access.SERVER_PEER_USERNAME, public_key, lifetime)
-        return SwarmToken(**swarm_access.token_to_wire(token))
-
-    deny_file = Path(args.signing_key_file).with_suffix(".deny")
-
-    def denied() -> set[str]:
-        return set(deny_file.read_text().split()) if deny_file.exists() else set()
-
-    join = JoinResponse(
-        experiment=ExperimentConfig.model_validate(config["experiment"]),
-        run_id=run_id,
-        initial_peers=config["initial_peers"],
-        worker_id=f"checkpoints-{run_id}",
-        username=swarm_access.SERVER_PEER_USERNAME,
-        report_path="",
-        swarm_token=mint(),
-        token_path="",
-        experiment_public_key=swarm_access.public_key_text(signing_key),
-        server_time=time.time(),
-    )
-    corpus = LocalCorpus(Path(config["corpus"])) if config.get("corpus") else None
-    restore_file = Path(config["restore_file"]) if config.get("restore_file") else None
-    keeper = Keeper(run_id, Path(config["folder"]), float(config["interval_seconds"]), stop.wait, restore_file)
+    config = KeeperConfig.model_validate_json(Path(args.config).read_text())
+    access = ServerPeerAccess.load(config.run_id, args.signing_key_file, Path(args.identity), args.token_minutes)
+    corpus = LocalCorpus(Path(config.corpus)) if config.corpus else None
+    restore_file = Path(config.restore_file) if config.restore_file else None
+    keeper = Keeper(config.run_id, Path(config.folder), config.interval_seconds, stop.wait, restore_file)
     summary = train(
-        join,
+        access.join(config, worker_id=f"checkpoints-{config.run_id}"),
         device="cpu",
         listen_maddrs=[tcp_maddr(args.host, args.port)],
         announce_maddrs=[tcp_maddr(args.announce_host, args.port)] if args.announce_host else None,
-        identity_path=identity,
-        fetch_token=mint,
-        denied=denied,
+        identity_path=access.identity,
+        fetch_token=access.mint_wire,
+        denied=access.denied,
         stop_event=stop,
         corpus=corpus,
         keeper=keeper,
-        on_joined=lambda peer_id, maddrs: _emit({"event": "ready", "peer_id": peer_id, "maddrs": maddrs}),
+        on_joined=lambda peer_id, maddrs: emit(Ready(peer_id=peer_id, maddrs=maddrs)),
     )
-    _emit({"event": "stopped", "epoch": summary.epoch})
+    emit(Stopped(epoch=summary.epoch))
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Run as its own process (hivemind objects must never cross a ``spawn``):
 
-    python -m swarmhub.server.swarm_peer --run-id RUN --host 127.0.0.1 [--port 0] [--announce-host HOST]
+    python -m swarmhub.server.swarm.bootstrap_peer --run-id RUN --host 127.0.0.1 [--port 0] [--announce-host HOST]
         [--identity PATH]
 
 It speaks JSON lines on stdout:
@@ -14,27 +14,21 @@ It speaks JSON lines on stdout:
   the access token of the key that signed the record (see ``read_progress``).
 
 It shuts down cleanly (no orphaned ``p2pd`` or averager processes) on SIGTERM, SIGINT, or when its
-stdin closes, so it never outlives the server that started it.
+stdin closes, so it never outlives the server that started it (``process.py``; its events: ``events.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import random
-import signal
 import sys
-import threading
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-
-def _emit(event: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
+from .events import Ready
+from .process import emit
 
 
 def read_progress(dht: Any, run_id: str, experiment_key: Any = None) -> dict[str, Any]:
@@ -141,7 +135,7 @@ def read_witness(dht: Any, run_id: str, roster: Any, admitted: dict[str, float])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="swarmhub-swarm-peer")
+    parser = argparse.ArgumentParser(prog="swarmhub-bootstrap-peer")
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
@@ -157,54 +151,23 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     import hivemind
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-
-    # Watch the parent's pipe on a private copy of fd 0 and give fd 0 /dev/null: hivemind forks its DHT
-    # process, and a forked child that closes a stdin another thread is blocked reading would deadlock.
-    parent_pipe = os.dup(0)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-
-    def watch_parent() -> None:
-        try:
-            while os.read(parent_pipe, 1024):
-                pass
-        except OSError:
-            pass
-        stop.set()
-
-    threading.Thread(target=watch_parent, daemon=True).start()
-
     from swarmhub.worker import swarm_access
 
-    with open(args.signing_key_file) as handle:
-        signing_key = swarm_access.signing_key_from_text(handle.read().strip())
+    from .process import ServerPeerAccess, stop_event
+
+    stop = stop_event()
     identity = Path(args.identity or os.path.join(os.path.dirname(args.signing_key_file), f"{args.run_id}.key"))
-    own_key = swarm_access.load_or_create_identity(identity)
-    swarm_access.use_as_process_key(own_key)
-    public_key = own_key.get_public_key().to_bytes()
-    lifetime = timedelta(minutes=args.token_minutes)
-
-    def mint() -> Any:  # this peer is the server's own: it signs its token itself, under the reserved name
-        name = swarm_access.SERVER_PEER_USERNAME
-        return swarm_access.sign_token(signing_key, args.run_id, name, public_key, lifetime)
-
-    deny_file = Path(args.signing_key_file).with_suffix(".deny")
-
-    def denied() -> set[str]:  # the server keeps this file current (one username a line)
-        return set(deny_file.read_text().split()) if deny_file.exists() else set()
-
+    access = ServerPeerAccess.load(args.run_id, args.signing_key_file, identity, args.token_minutes)
+    swarm_access.use_as_process_key(access.own_key)
+    own_key, signing_key = access.own_key, access.signing_key
     authorizer = swarm_access.SwarmAuthorizer(
         own_key,
         signing_key.get_public_key(),
         args.run_id,
-        mint,
-        first_token=mint(),
-        refresh_margin=min(swarm_access.REFRESH_MARGIN, lifetime / 4),
-        denied=swarm_access.DenyList(denied),
+        access.mint,
+        first_token=access.mint(),
+        refresh_margin=min(swarm_access.REFRESH_MARGIN, access.lifetime / 4),
+        denied=swarm_access.DenyList(access.denied),
     )
     from swarmhub.server.settings import tcp_maddr
 
@@ -225,10 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     progress_schema = SchemaValidator(TrainingProgressSchema, prefix=args.run_id)
     dht.add_validators([*swarm_access.roster_validators(args.run_id, own_key), progress_schema])
     try:
-        _emit({"event": "ready", "maddrs": [str(m) for m in dht.get_visible_maddrs()]})
+        emit(Ready(maddrs=[str(m) for m in dht.get_visible_maddrs()]))
         while not stop.is_set():
             try:
-                _emit(read_progress(dht, args.run_id, signing_key.get_public_key()))
+                emit(read_progress(dht, args.run_id, signing_key.get_public_key()))
             except Exception as exc:  # the monitor keeps the bootstrap node alive whatever a read does
                 logging.warning("progress read failed: %r", exc)
             # Jittered: a fixed period can lock in phase with the swarm's epochs (a swarm of one with short

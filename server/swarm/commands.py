@@ -1,9 +1,9 @@
 """The command lines and files that the server's peer processes start from.
 
-Each running experiment has a bootstrap + monitor peer (``swarm_peer.py``) and, when asked for, an auxiliary peer
-(``aux_peer.py``) and a checkpoint peer (``checkpoint_peer.py``), its companions. ``SwarmHost`` (``swarm.py``)
-starts and stops them; this module says what they are given. Their files live in ``data_dir/peers``, named
-after the run::
+Each running experiment has a bootstrap + monitor peer (``bootstrap_peer.py``) and, when asked for, an auxiliary
+peer (``aux_peer.py``) and a checkpoint peer (``checkpoint_peer.py``), its companions. ``SwarmHost`` (``host.py``)
+starts and stops them; this module says what they are given (their configs and events are in ``events.py``).
+Their files live in ``data_dir/peers``, named after the run::
 
     <run_id>.signing         the experiment's signing key (readable by this user only)
     <run_id>.key             the bootstrap peer's identity (so its peer ID survives a restart)
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contributions import MONITOR_SECONDS
+from ..contributions import MONITOR_SECONDS
+from .events import AuxConfig, KeeperConfig
 
 AUX = "aux"  # the auxiliary peer's files: <run_id>.aux.json, <run_id>.aux.key, <run_id>.aux.log
 CHECKPOINTS = "checkpoints"  # the checkpoint peer's
@@ -63,11 +64,11 @@ def _announcing(network: Network) -> list[str]:
 
 
 def bootstrap_command(folder: Path, run_id: str, network: Network, port: int) -> list[str]:
-    """The bootstrap + monitor peer's command line (``swarm_peer.py``)."""
+    """The bootstrap + monitor peer's command line (``bootstrap_peer.py``)."""
     return [
         sys.executable,
         "-m",
-        "swarmhub.server.swarm_peer",
+        "swarmhub.server.swarm.bootstrap_peer",
         "--run-id",
         run_id,
         *_listening(network, port),
@@ -89,7 +90,7 @@ def companion_command(module: str, folder: Path, run_id: str, kind: str, network
     return [
         sys.executable,
         "-m",
-        f"swarmhub.server.{module}",
+        f"swarmhub.server.swarm.{module}",
         "--config",
         str(companion_config(folder, run_id, kind)),
         "--signing-key-file",
@@ -113,8 +114,8 @@ def companion_log(folder: Path, run_id: str, kind: str) -> Path:
 
 def write_aux_config(folder: Path, run_id: str, experiment: dict[str, Any], initial_peers: list[str]) -> None:
     """The auxiliary peer's config: the experiment's config and where the swarm is."""
-    path = companion_config(folder, run_id, AUX)
-    path.write_text(json.dumps({"run_id": run_id, "experiment": experiment, "initial_peers": initial_peers}))
+    config = AuxConfig.model_validate({"run_id": run_id, "experiment": experiment, "initial_peers": initial_peers})
+    companion_config(folder, run_id, AUX).write_text(config.model_dump_json())
 
 
 def write_keeper_config(
@@ -122,18 +123,16 @@ def write_keeper_config(
 ) -> None:
     """The checkpoint peer's config: ``config`` (the experiment's config, its corpus folder, how often to save),
     where the swarm is, the folder it saves to and the file its rollbacks come in."""
-    path = companion_config(peers_folder(data_dir), run_id, CHECKPOINTS)
-    path.write_text(
-        json.dumps(
-            {
-                **config,
-                "run_id": run_id,
-                "initial_peers": initial_peers,
-                "folder": str(checkpoints),
-                "restore_file": str(restore_file(data_dir, run_id)),
-            }
-        )
+    keeper = KeeperConfig.model_validate(
+        {
+            **config,
+            "run_id": run_id,
+            "initial_peers": initial_peers,
+            "folder": str(checkpoints),
+            "restore_file": str(restore_file(data_dir, run_id)),
+        }
     )
+    companion_config(peers_folder(data_dir), run_id, CHECKPOINTS).write_text(keeper.model_dump_json())
 
 
 def write_denied(data_dir: Path, run_id: str, usernames: list[str]) -> None:

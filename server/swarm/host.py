@@ -1,9 +1,10 @@
 """Hosts the server's hivemind peer for every running experiment, each in its own process.
 
-The peer (``swarm_peer.py``) is the swarm's bootstrap node and monitor. The host keeps the set of
+The peer (``bootstrap_peer.py``) is the swarm's bootstrap node and monitor. The host keeps the set of
 peer processes equal to the set of running experiments (``reconcile``), restarts a peer that died,
 and stops them all at shutdown. Peers keep their identity in ``data_dir/peers`` so that their
-peer ID survives a server restart; ``peer_commands.py`` builds their command lines and files.
+peer ID survives a server restart; ``commands.py`` builds their command lines and files, ``events.py`` reads
+what they say.
 
 Behind a firewall or NAT the operator gives a port range (``SWARMHUB_SWARM_PORTS``): each peer takes a
 free port from it, and announces ``SWARMHUB_SWARM_ANNOUNCE_HOST`` (the public address) with that port
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import logging
 import os
 import signal
@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import peer_commands, peer_logs
-from .settings import tcp_maddr
+from ..settings import tcp_maddr
+from . import commands as peer_commands
+from . import peer_logs
+from .events import Checkpoint, Keeping, Progress, Ready, parse
 
 logger = logging.getLogger("swarmhub.swarm")
 KEEPER_WAIT_SECONDS = 180.0  # joins wait this long at most for a starting checkpoint peer
@@ -40,7 +42,7 @@ class Peer:
     process: subprocess.Popen[str]
     ready: threading.Event = field(default_factory=threading.Event)
     maddrs: list[str] = field(default_factory=list)
-    progress: dict[str, Any] = field(default_factory=dict)
+    progress: Progress | None = None  # its newest progress event
     started_at: float = field(default_factory=time.monotonic)
     port: int = 0  # 0: a random one
 
@@ -73,24 +75,21 @@ class SwarmHost:
         self._short_of_ports: set[str] = set()  # run_ids whose peer found no free port (logged once)
         self._lock = threading.Lock()
         # Called (in the peer's reader thread) with each progress event: the verified-contribution ledger.
-        self.on_progress: Callable[[str, dict[str, Any]], None] | None = None
+        self.on_progress: Callable[[str, Progress], None] | None = None
         self.on_ready: Callable[[str], None] | None = None  # a bootstrap peer listens now
-        self.on_checkpoint: Callable[[str, dict[str, Any]], None] | None = None  # the checkpoint peer saved one
+        self.on_checkpoint: Callable[[str, Checkpoint], None] | None = None  # the checkpoint peer saved one
 
     def _read(self, peer: Peer) -> None:
         assert peer.process.stdout is not None
         for line in peer.process.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == "ready":
-                peer.maddrs = [str(m) for m in event.get("maddrs", [])]
+            event = parse(line)
+            if isinstance(event, Ready):
+                peer.maddrs = event.maddrs
                 peer.ready.set()
                 logger.info("swarm peer for %s listening on %s", peer.run_id, peer.maddrs)
                 if self.on_ready is not None:
                     self.on_ready(peer.run_id)
-            elif event.get("event") == "progress":
+            elif isinstance(event, Progress):
                 peer.progress = event
                 if self.on_progress is not None:
                     try:
@@ -220,16 +219,13 @@ class SwarmHost:
     def _read_keeper(self, run_id: str, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
         for line in process.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == "keeping":
+            event = parse(line)
+            if isinstance(event, Keeping):
                 self._keeper_ready.add(run_id)
-                logger.info("the checkpoint peer of %s is in the swarm at step %s", run_id, event.get("epoch"))
+                logger.info("the checkpoint peer of %s is in the swarm at step %s", run_id, event.epoch)
                 if self.on_ready is not None:
                     self.on_ready(run_id)  # volunteers may join now
-            elif event.get("event") == "checkpoint" and self.on_checkpoint is not None:
+            elif isinstance(event, Checkpoint) and self.on_checkpoint is not None:
                 try:
                     self.on_checkpoint(run_id, event)
                 except Exception:
@@ -321,7 +317,7 @@ class SwarmHost:
         peer = self._peers.get(run_id)
         if peer is None or not peer.progress:
             return None
-        return int(peer.progress.get("peers", 0))
+        return peer.progress.peers
 
     def hosted(self) -> list[str]:
         """The run_ids this process runs a bootstrap peer for."""
@@ -333,9 +329,7 @@ class SwarmHost:
 
     def peer_counts(self) -> dict[str, int]:
         """run_id -> peers its monitor saw in the swarm at its last read."""
-        return {
-            run_id: int(peer.progress.get("peers", 0)) for run_id, peer in list(self._peers.items()) if peer.progress
-        }
+        return {run_id: peer.progress.peers for run_id, peer in list(self._peers.items()) if peer.progress}
 
     def close(self) -> None:
         for run_id in list(self._keepers):

@@ -1,0 +1,97 @@
+"""What the server's peer processes say on stdout (one JSON line each) and what their configs hold: the contract
+between ``SwarmHost`` and the processes it runs, defined once.
+
+The bootstrap peer says ``ready`` and then ``progress`` about once a second; a companion (aux or checkpoint peer)
+says ``ready`` once it is in the swarm and ``stopped`` when it leaves; the checkpoint peer also says ``keeping``
+(it is in the swarm with its state), ``checkpoint`` (it saved one) and ``restore-failed``. The lists a progress
+event carries (``contributors``, ``rounds``, ``flags``) stay raw here: the ledger validates each item
+(``contributions.parse``, ``witnessed.parse_rounds``, ``witnessed.parse_flags``), dropping a malformed one alone.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from swarmhub.worker.protocol import ExperimentConfig
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Ready(_Event):
+    event: Literal["ready"] = "ready"
+    maddrs: list[str]
+    peer_id: str | None = None  # a companion's (the bootstrap peer's is in its addresses)
+
+
+class Progress(_Event):
+    """What the monitor read of the swarm's signed progress records and of what the witness published."""
+
+    event: Literal["progress"] = "progress"
+    epoch: int
+    peers: int
+    samples_per_second: float
+    samples: int
+    contributors: list[Any] = Field(default_factory=list)
+    rounds: list[Any] = Field(default_factory=list)
+    flags: list[Any] = Field(default_factory=list)
+
+
+class Stopped(_Event):
+    event: Literal["stopped"] = "stopped"
+    epoch: int
+
+
+class Keeping(_Event):
+    """The checkpoint peer is in the swarm, with the state it holds (volunteers may join now)."""
+
+    event: Literal["keeping"] = "keeping"
+    epoch: int
+
+
+class Checkpoint(_Event):
+    """The checkpoint peer saved the swarm's state: ``folder`` is ``<run_id>/<epoch>`` under the checkpoints."""
+
+    event: Literal["checkpoint"] = "checkpoint"
+    epoch: int
+    eval_loss: float | None = None
+    folder: str
+    restored_from: int | None = None  # the checkpoint a rollback restored, when this one is its copy
+
+
+class RestoreFailed(_Event):
+    event: Literal["restore-failed"] = "restore-failed"
+    epoch: int
+    reason: str
+
+
+PeerEvent = Annotated[Ready | Progress | Stopped | Keeping | Checkpoint | RestoreFailed, Field(discriminator="event")]
+_EVENTS: TypeAdapter[PeerEvent] = TypeAdapter(PeerEvent)
+
+
+def parse(line: str | bytes) -> PeerEvent | None:
+    """One line of a peer's stdout as its event; None for anything else (a stray print, a malformed event)."""
+    try:
+        return _EVENTS.validate_json(line)
+    except ValidationError:
+        return None
+
+
+class AuxConfig(BaseModel):
+    """An auxiliary peer's config file (``<run_id>.aux.json``): the experiment and where its swarm is."""
+
+    run_id: str
+    experiment: ExperimentConfig
+    initial_peers: list[str]
+
+
+class KeeperConfig(AuxConfig):
+    """A checkpoint peer's config file (``<run_id>.checkpoints.json``)."""
+
+    folder: str  # where it saves: data_dir/checkpoints/<run_id>
+    interval_seconds: float
+    corpus: str | None = None  # the experiment's text, for a task that trains on one
+    restore_file: str | None = None  # where the server writes the organizer's rollbacks
