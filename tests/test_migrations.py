@@ -97,3 +97,61 @@ def test_0011_backfills_each_runs_newest_report_arrival_and_downgrades(empty_dat
         assert stored == sum(len(reports) for reports in points.values())
         if engine.dialect.name == "sqlite":  # and are on again afterwards
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+
+
+def test_0022_adds_each_runs_peer_and_reported_figures_and_downgrades(empty_database):
+    engine = empty_database
+    config = alembic_config(engine)
+    command.upgrade(config, "0021")
+    new = {"peer_id", "precision", "client_mode", "role", "bandwidth_mbps"}
+    experiment = {
+        "id": 1,
+        "slug": "exp",
+        "owner_id": 1,
+        "invite_code": "code",
+        "title": "Experiment",
+        "task": "digits",
+        "optimizer": "adam",
+        "learning_rate": 0.001,
+        "target_batch_size": 128,
+        "matchmaking_time": 2.0,
+        "averaging_timeout": 30.0,
+        "signing_key": "key",
+    }
+    with engine.begin() as conn:  # the model's insert names only the columns it is given or has defaults for
+        conn.execute(sa.insert(User.__table__), [{"id": 1, "username": "olga", "password_hash": "x"}])
+        conn.execute(sa.insert(Experiment.__table__), [experiment])
+        conn.execute(
+            sa.insert(WorkerRun.__table__), [{"id": "old", "experiment_id": 1, "user_id": 1, "device": "cuda"}]
+        )
+
+    command.upgrade(config, "0022")
+    inspector = sa.inspect(engine)
+    assert new <= {c["name"] for c in inspector.get_columns("worker_runs")}
+    assert "ix_worker_runs_peer_id" in {i["name"] for i in inspector.get_indexes("worker_runs")}
+    figures = [WorkerRun.id, WorkerRun.device, *(getattr(WorkerRun, name) for name in sorted(new))]
+    with engine.begin() as conn:
+        assert conn.execute(sa.select(*figures)).tuples().all() == [("old", "cuda", None, None, None, None, None)]
+        reported = {"peer_id": "QmPeer", "precision": "fp32", "client_mode": True, "role": "trainer"}
+        run = {"id": "new", "experiment_id": 1, "user_id": 1, "device": "cpu", "bandwidth_mbps": 87.5, **reported}
+        conn.execute(sa.insert(WorkerRun.__table__), [run])
+        assert conn.execute(sa.select(*figures).where(WorkerRun.id == "new")).tuples().one() == (
+            "new",
+            "cpu",
+            87.5,
+            True,
+            "QmPeer",
+            "fp32",
+            "trainer",
+        )
+
+    command.downgrade(config, "0021")
+    inspector = sa.inspect(engine)
+    columns = {c["name"] for c in inspector.get_columns("worker_runs")}
+    assert not new & columns and {"id", "device", "last_stored_at", "last_seq"} <= columns
+    indexes = {i["name"] for i in inspector.get_indexes("worker_runs")}
+    assert "ix_worker_runs_peer_id" not in indexes and "ix_worker_runs_experiment_seen" in indexes
+    with engine.connect() as conn:
+        assert sorted(conn.scalars(sa.text("SELECT id FROM worker_runs"))) == ["new", "old"]
+    command.upgrade(config, "head")  # and up again
+    assert new <= {c["name"] for c in sa.inspect(engine).get_columns("worker_runs")}

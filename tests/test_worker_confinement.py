@@ -60,6 +60,7 @@ class Hostile:
         self.app = Starlette(
             routes=[
                 Route("/api/me", self.me),
+                Route("/api/experiments/{slug}", self.experiment),
                 Route("/api/experiments/{slug}/join", self.join, methods=["POST"]),
                 Route("/api/experiments/{slug}/data/manifest", self.data_manifest),
                 Route("/api/experiments/{slug}/data/files/{name:path}", self.data_file),
@@ -70,6 +71,10 @@ class Hostile:
 
     async def me(self, request: Request) -> Response:
         return JSONResponse({"username": "volunteer", "is_admin": False})
+
+    async def experiment(self, request: Request) -> Response:
+        fields = {"title": "Hostile", "description": "", "status": "running", "owner": "host", "task": "albert-mlm"}
+        return JSONResponse({"slug": request.path_params["slug"], "created_at": "2026-12-02T00:00:00Z", **fields})
 
     async def join(self, request: Request) -> Response:
         slug = request.path_params["slug"]

@@ -32,6 +32,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .. import __version__
 from .protocol import (
+    JOIN_REPORT_FIELDS,
     DenyListPublic,
     DeviceCode,
     ExperimentDetail,
@@ -124,6 +125,26 @@ def _detail(response: httpx.Response) -> str:
             return "; ".join(str(item.get("msg", item)) if isinstance(item, dict) else str(item) for item in detail)
         return str(detail)
     return str(body)[:200]
+
+
+def _refuses_only_unknown(response: httpx.Response, names: tuple[str, ...]) -> bool:
+    """A 422 whose every error is a body field among ``names`` that the server does not know (FastAPI's list)."""
+    try:
+        errors = response.json().get("detail")
+    except (ValueError, AttributeError):
+        return False
+    return (
+        isinstance(errors, list)
+        and bool(errors)
+        and all(
+            isinstance(err, dict)
+            and err.get("type") == "extra_forbidden"
+            and isinstance(err.get("loc"), list)
+            and len(err["loc"]) == 2
+            and err["loc"][1] in names
+            for err in errors
+        )
+    )
 
 
 def _retry_after(response: httpx.Response, default: float = 2.0) -> float:
@@ -297,9 +318,14 @@ class ApiClient:
     def join(self, slug: str, request: JoinRequest, *, retry_for: float = JOIN_RETRY_SECONDS) -> JoinResponse:
         """Join an experiment; waits (up to ``retry_for`` s) while the server starts its swarm peer (503)."""
         path = f"/api/experiments/{quote(slug, safe='')}/join"
+        body = request.model_dump(mode="json", exclude_none=True)  # what it does not report, it leaves out
         deadline = time.monotonic() + retry_for
         while True:
-            response = self._send("POST", path, auth=True, json=request.model_dump(mode="json"), timeout=JOIN_TIMEOUT)
+            response = self._send("POST", path, auth=True, json=body, timeout=JOIN_TIMEOUT)
+            if response.status_code == 422 and _refuses_only_unknown(response, JOIN_REPORT_FIELDS):
+                # A server older than these optional fields forbids unknown ones: join without them.
+                body = {name: value for name, value in body.items() if name not in JOIN_REPORT_FIELDS}
+                continue
             if response.status_code == 503 and time.monotonic() < deadline:
                 time.sleep(min(_retry_after(response), max(deadline - time.monotonic(), 0.1)))
                 continue

@@ -1,6 +1,8 @@
-"""What ``swarmhub join SLUG`` does once its options are read: join the experiment on the server, run the checks that
-decide how this peer joins (clock, open files, reachability, bandwidth), prepare the swarm-token and deny-list
-callbacks, the corpus and the reporter (first sending what an earlier session left unsent), then run the session.
+"""What ``swarmhub join SLUG`` does once its options are read: run the checks that decide how this peer joins (open
+files, reachability, bandwidth), join the experiment on the server (telling it the peer's precision, role, client
+mode and bandwidth, for the organizer's swarm view) and check the clock against its answer, prepare the swarm-token
+and deny-list callbacks, the corpus and the reporter (first sending what an earlier session left unsent), then run
+the session.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Any
 import click
 
 from .. import __version__
-from .client import USER_AGENT, ApiClient, ExitCode, WorkerError, check_clock
-from .protocol import JoinRequest, JoinResponse, SwarmToken
+from .client import USER_AGENT, ApiClient, ExitCode, WorkerError, check_clock, not_accepting
+from .protocol import MAX_BANDWIDTH_MBPS, ExperimentStatus, JoinRequest, JoinResponse, PeerRole, Precision, SwarmToken
 from .session import run_session
 from .settings import WorkerSettings
 from .spool import Spool, discard, leftovers
@@ -48,21 +50,23 @@ def join_and_train(
     from .training import resolve_device, resolve_precision
 
     torch_device = resolve_device(device)
-    resolve_precision(precision, torch_device)  # a precision this device lacks is a usage error, before joining
+    resolved_precision = resolve_precision(precision, torch_device)  # one this device lacks: a usage error, now
     apply_resource_limits(torch_device, cpu_threads, gpu_memory_fraction)
+    if auxiliary and client_mode:
+        raise WorkerError("An auxiliary peer must accept connections: drop --client-mode", ExitCode.USAGE)
     with client:
         username = client.me().username
         # One key per user and experiment on this machine: the peer ID, the swarm token and the signed
         # progress records all use it, so the peer ID is stable across restarts and its work attributable.
         identity_path = settings.identity_path(client.server_url, username, slug)
         public_key = swarm_access.public_key_text(swarm_access.load_or_create_identity(identity_path))
-        request = JoinRequest(device=torch_device.type, client_version=__version__, peer_public_key=public_key)
-        sent_at = time.time()
-        joined = client.join(slug, request)
-        check_clock(joined.server_time, sent_at, time.time())
         doctor.raise_open_files_limit()
-        if auxiliary and client_mode:
-            raise WorkerError("An auxiliary peer must accept connections: drop --client-mode", ExitCode.USAGE)
+        # Fail fast where the join would (an unknown experiment, one not running), before the probes take seconds.
+        status = client.experiment(slug).status
+        if status != ExperimentStatus.running:
+            raise not_accepting(slug, status.value)
+        # How this peer joins is decided before the join, which tells the organizer's swarm view about it.
+        note = None
         if not client_mode:
             # Can other peers dial us? If not, join in client mode: train and average through reachable peers.
             reach, listen = doctor.check_reachability(client, listen)
@@ -73,9 +77,24 @@ def join_and_train(
                     ExitCode.USAGE,
                 )
             if client_mode:
-                click.echo(f"Note: {reach.detail}.")
+                note = f"Note: {reach.detail}."  # once joined: a refused join stays one line
         # The link speed goes to hivemind's load balancing: faster peers reduce a larger part of the vector.
         bandwidth = None if client_mode else doctor.measure_bandwidth(client)
+        request = JoinRequest(
+            device=torch_device.type,
+            client_version=__version__,
+            peer_public_key=public_key,
+            precision=None if auxiliary else Precision(resolved_precision),  # an auxiliary peer computes no gradients
+            client_mode=client_mode,
+            role=PeerRole.auxiliary if auxiliary else PeerRole.trainer,
+            # a link measured at 0 Mbit/s is one not measured; a loopback measurement may exceed any real link
+            bandwidth_mbps=min(bandwidth, MAX_BANDWIDTH_MBPS) if bandwidth else None,
+        )
+        sent_at = time.time()
+        joined = client.join(slug, request)
+        check_clock(joined.server_time, sent_at, time.time())
+        if note:
+            click.echo(note)
 
     def fetch_token() -> SwarmToken:
         with ApiClient(client.server_url, token, user_agent=USER_AGENT) as refresher:

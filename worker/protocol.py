@@ -47,6 +47,22 @@ class Aggregation(str, Enum):
     centered_clip = "centered-clip"  # CenteredClip around the parts' median: a minority cannot steer the result
 
 
+class Precision(str, Enum):
+    """The compute precision of a trainer's forward and backward passes (``worker.training.resolve_precision``)."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class PeerRole(str, Enum):
+    trainer = "trainer"  # computes gradients and averages them
+    auxiliary = "auxiliary"  # lends bandwidth: averages with the trainers, computes no gradients
+
+
+MAX_BANDWIDTH_MBPS = 1_000_000.0  # 1 Tbit/s: above any link a volunteer has
+
+
 class TrainingSettings(BaseModel):
     """What is trained and how: the part of an experiment that every worker must agree on."""
 
@@ -125,6 +141,26 @@ class JoinRequest(BaseModel):
         pattern=r"^ssh-rsa [A-Za-z0-9+/=]+$",
         description="The peer's RSA public key (OpenSSH text): the swarm token is bound to it",
     )
+    # How this peer takes part, as the worker resolved it, for the organizer's swarm view. Self-reported and
+    # optional (a worker older than these fields sends none; ``None`` is "not reported"). No peer ID: the server
+    # derives it from ``peer_public_key``, the key the swarm token binds, rather than trust a claimed one.
+    precision: Precision | None = Field(
+        default=None, description="Compute precision of its forward and backward passes (none for an auxiliary peer)"
+    )
+    client_mode: bool | None = Field(
+        default=None, description="True: it joins in client mode (other peers cannot dial it); false: reachable"
+    )
+    role: PeerRole | None = Field(default=None, description="trainer, or auxiliary (averages only, no gradients)")
+    bandwidth_mbps: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_BANDWIDTH_MBPS,
+        allow_inf_nan=False,
+        description="Its link speed to the server as it measured it (Mbit/s, the slower direction)",
+    )
+
+
+JOIN_REPORT_FIELDS = ("precision", "client_mode", "role", "bandwidth_mbps")  # optional: a server may not know them
 
 
 class SwarmTokenRequest(BaseModel):

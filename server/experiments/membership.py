@@ -25,9 +25,32 @@ def check_joinable(session: Session, experiment: Experiment, user: User) -> None
         raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
 
 
-def start_worker_run(session: Session, experiment: Experiment, user: User, device: str) -> WorkerRun:
+def start_worker_run(
+    session: Session,
+    experiment: Experiment,
+    user: User,
+    device: str,
+    *,
+    peer_id: str | None = None,
+    precision: str | None = None,
+    client_mode: bool | None = None,
+    role: str | None = None,
+    bandwidth_mbps: float | None = None,
+) -> WorkerRun:
+    """A worker run of ``user``: ``peer_id`` is its peer as the server derived it from the join's peer key; the
+    other keywords are what the worker reported of how that peer takes part (None: not reported)."""
     check_joinable(session, experiment, user)
-    worker = WorkerRun(id=uuid.uuid4().hex, experiment_id=experiment.id, user_id=user.id, device=device)
+    worker = WorkerRun(
+        id=uuid.uuid4().hex,
+        experiment_id=experiment.id,
+        user_id=user.id,
+        device=device,
+        peer_id=peer_id,
+        precision=precision,
+        client_mode=client_mode,
+        role=role,
+        bandwidth_mbps=bandwidth_mbps,
+    )
     session.add(worker)
     session.flush()
     return worker

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from .accounts import User
@@ -29,6 +29,13 @@ class WorkerRun(Base):
     loss: Mapped[float | None] = mapped_column(Float)
     samples_per_second: Mapped[float] = mapped_column(Float, default=0.0)
     last_seq: Mapped[int] = mapped_column(BigInteger, default=-1)  # the highest seq stored (see metrics.ingest)
+    # Its peer, as the join's peer key derives it (NULL: a run started before 0022), and how that peer takes part
+    # as the worker reported it at the join (NULL: not reported, as by a worker older than these fields).
+    peer_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    precision: Mapped[str | None] = mapped_column(String(8))
+    client_mode: Mapped[bool | None] = mapped_column(Boolean)
+    role: Mapped[str | None] = mapped_column(String(16))
+    bandwidth_mbps: Mapped[float | None] = mapped_column(Float)
 
     user: Mapped[User] = relationship(lazy="joined")
 

@@ -107,7 +107,8 @@ class LoginRequest(accounts.Login):
 
 
 class JoinBody(JoinRequest):
-    """The worker's join request; the device name is stored with the worker run."""
+    """The worker's join request; the device name, and how its peer takes part as the worker reports it, are stored
+    with the worker run."""
 
     device: StoredText = Field(default="cpu", max_length=32)
     client_version: StoredText = Field(default="", max_length=32)
@@ -240,10 +241,12 @@ def join(
     """The worker's configuration and a swarm token for its peer key. Refused: a key that is not RSA of at least
     2048 bits (400), a key another volunteer holds here (409), a new key while the volunteer already runs the
     experiment's ``max_peers_per_volunteer`` peers, or more than 60 swarm tokens asked for by one account in 10
-    minutes (429, Retry-After)."""
+    minutes (429, Retry-After). The worker run is stored under the peer ID derived from the key, with what the worker
+    reports of how its peer takes part (precision, client_mode, role, bandwidth_mbps: optional, self-reported), for
+    the organizer's swarm view."""
     experiment = experiments.get_visible(session, slug, user)
     experiments.check_joinable(session, experiment, user)
-    experiments.check_peer_key(session, experiment, user, body.peer_public_key)  # before any waiting
+    key = experiments.check_peer_key(session, experiment, user, body.peer_public_key)  # before any waiting
     if not settings.swarm_enabled:
         raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
     run_id = experiments.run_id(experiment)
@@ -257,7 +260,17 @@ def join(
     token = experiments.swarm_token(  # admits the key: this request's first write
         session, experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
     )
-    worker = experiments.start_worker_run(session, experiment, user, body.device)
+    worker = experiments.start_worker_run(
+        session,
+        experiment,
+        user,
+        body.device,
+        peer_id=key.peer_id,  # derived from the key the token binds, never a peer ID the worker claims
+        precision=body.precision.value if body.precision else None,
+        client_mode=body.client_mode,
+        role=body.role.value if body.role else None,
+        bandwidth_mbps=body.bandwidth_mbps,
+    )
     return JoinResponse(
         experiment=experiments.to_config(experiment),
         run_id=run_id,
