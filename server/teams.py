@@ -30,10 +30,12 @@ from sqlalchemy.orm import Session
 
 from .accounts import USERNAME_RE, is_reserved_username
 from .errors import Conflict, Forbidden, NotFound
+from .experiments import PUBLIC
+from .metrics.common import share_of
 from .models import Experiment, ExperimentTotal, Team, TeamMember, User, VolunteerTotal
 from .models.teams import ADMIN, MEMBER
 from .security import StoredText
-from .volunteers import PUBLIC, profile_path
+from .volunteers import profile_path
 
 NAME_MAX = 32
 DESCRIPTION_MAX = 500
@@ -250,7 +252,7 @@ def _team_experiments(session: Session, team: Team) -> list[TeamExperiment]:
                     title=row.Experiment.title,
                     url=f"/experiments/{quote(row.Experiment.slug, safe='')}",
                     verified_samples=int(row.verified),
-                    share=round(int(row.verified) / total, 4) if total else 0.0,
+                    share=share_of(int(row.verified), total),
                     rank=rank,
                 )
             )
@@ -274,7 +276,7 @@ def experiment_standings(session: Session, experiment: Experiment) -> list[Exper
             url=team_path(name),
             verified_samples=int(verified),
             contributors=int(contributors),
-            share=round(int(verified) / total, 4) if total else 0.0,
+            share=share_of(int(verified), total),
         )
         for rank, (name, verified, contributors) in enumerate(rows, 1)
     ]

@@ -20,7 +20,9 @@ from sqlalchemy.orm import Session
 
 from . import exports, milestones
 from .errors import NotFound
-from .milestones import PUBLIC, Milestone
+from .experiments import PUBLIC
+from .metrics.common import share_of
+from .milestones import Milestone
 from .models import (
     Experiment,
     ExperimentTotal,
@@ -120,7 +122,7 @@ def profile(session: Session, username: str) -> VolunteerProfile:
                 url=f"/experiments/{quote(slug, safe='')}",
                 verified_samples=total.verified_samples,
                 pending_samples=total.pending_samples,
-                share=round(total.verified_samples / experiment_verified, 4) if experiment_verified else 0.0,
+                share=share_of(total.verified_samples, experiment_verified),
                 time_online_seconds=round(total.online_seconds, 1),
                 device_classes=sorted(total.device_classes or []),
                 last_seen=max(seen) if seen else None,
