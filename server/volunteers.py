@@ -204,3 +204,9 @@ def stats_csv(data: VolunteerStats) -> str:
     return exports.csv_text(
         CSV_FIELDS, ((row.username, row.verified_samples, row.experiments) for row in data.volunteers)
     )
+
+
+def stats_bodies(session: Session) -> tuple[bytes, str]:
+    """The export's JSON and CSV, from one read so that they agree."""
+    data = stats(session)
+    return data.model_dump_json().encode(), stats_csv(data)
