@@ -25,6 +25,7 @@ from . import (
     body_limit,
     contributions,
     experiments,
+    exports,
     leases,
     observability,
     proxies,
@@ -32,6 +33,8 @@ from . import (
     training_data,
     witnessed,
 )
+from . import teams as team_service
+from . import volunteers as volunteer_service
 from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
@@ -238,7 +241,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.instance = instance
     app.state.ratelimiter = make_limiter(settings)
     app.state.live = live
-    app.state.volunteer_stats = volunteers.StatsExport(settings.stats_cache_seconds)  # per process
+    # the open statistics exports, kept per process
+    app.state.volunteer_stats = exports.Dump(settings.stats_cache_seconds, volunteer_service.stats_bodies)
+    app.state.team_stats = exports.Dump(settings.stats_cache_seconds, team_service.stats_bodies)
     app.state.hub = HubCache(settings.active_window_seconds, settings.stats_cache_seconds)
     app.state.reconcile_soon = lambda: None  # replaced once the event loop runs
     app.state.loop = None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request, Response
+from sqlalchemy.orm import Session
 
 MAX_AGE = 300  # what the responses tell caches
 CACHE_CONTROL = f"public, max-age={MAX_AGE}"
@@ -94,6 +95,25 @@ class Kept:
                 self._value = build()
                 self._built_at = now
             return self._value
+
+
+class Dump:
+    """An export's two bodies, JSON and CSV, made by ``build(session)`` from one read so that they agree; rebuilt
+    at most every ``seconds`` seconds in this process (``SWARMHUB_STATS_CACHE_SECONDS``)."""
+
+    def __init__(self, seconds: float, build: Callable[[Session], tuple[bytes, str]]):
+        self._kept = Kept(seconds)
+        self._build = build
+
+    def get(self, session: Session, kind: str) -> Encoded:
+        """The body of ``kind``: ``json`` or ``csv``."""
+
+        def build() -> dict[str, Encoded]:
+            as_json, as_csv = self._build(session)
+            return {"json": Encoded.of(as_json, JSON), "csv": Encoded.of(as_csv.encode(), CSV)}
+
+        bodies: dict[str, Encoded] = self._kept.get(build)
+        return bodies[kind]
 
 
 def accepts_gzip(header: str) -> bool:

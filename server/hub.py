@@ -7,7 +7,7 @@ and from the worker runs' last reports, as the dashboard's summary is, in two ag
 hub (:func:`snapshot`). Each server process keeps what it built for a while (:class:`HubCache`), so a busy front
 page or a crawler costs the database at most those two statements per interval.
 
-Public means what a visitor may see: every experiment but drafts (``experiments.list_visible`` for no one). What
+Public means what a visitor may see: every experiment but drafts (``experiments.PUBLIC``, beside ``can_view``). What
 is cached here is the same for every viewer, so it never includes an organizer's own drafts.
 """
 
@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from swarmhub.worker.protocol import ExperimentStatus
 
 from . import exports
+from .experiments import PUBLIC
 from .metrics.common import current_time
 from .models import Checkpoint, Experiment, ExperimentTotal, User, VolunteerTotal, WorkerRun
 
@@ -87,10 +88,6 @@ class ExperimentStats(BaseModel):
 STATS_FIELDS = tuple(ExperimentStats.model_fields)
 
 
-def _public() -> Any:
-    return Experiment.status != ExperimentStatus.draft.value
-
-
 def _contributed() -> Any:
     return or_(VolunteerTotal.claimed_samples > 0, VolunteerTotal.verified_samples > 0)
 
@@ -135,14 +132,14 @@ def _rows_statement(since: datetime) -> Any:
         .outerjoin(ExperimentTotal, ExperimentTotal.experiment_id == Experiment.id)
         .outerjoin(active, active.c.experiment_id == Experiment.id)
         .outerjoin(helped, helped.c.experiment_id == Experiment.id)
-        .where(_public())
+        .where(PUBLIC)
         .order_by(Experiment.created_at.desc(), Experiment.id.desc())
     )
 
 
 def _people_statement(since: datetime) -> Any:
     """The hub's distinct volunteers, online now and ever: a volunteer in two experiments counts once."""
-    public = select(Experiment.id).where(_public())
+    public = select(Experiment.id).where(PUBLIC)
     online = select(func.count(distinct(WorkerRun.user_id))).where(
         WorkerRun.last_seen_at >= since, WorkerRun.experiment_id.in_(public)
     )

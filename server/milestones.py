@@ -23,11 +23,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy import case, exists, func, select
 from sqlalchemy.orm import Session, aliased
 
-from swarmhub.worker.protocol import ExperimentStatus
-
+from .experiments import PUBLIC
 from .models import Checkpoint, Experiment, RoundCredit, VolunteerTotal, WitnessedRound
-
-PUBLIC = Experiment.status != ExperimentStatus.draft  # the experiments anyone may see (experiments.can_view)
 
 DAY = 24 * 3600.0
 SAMPLE_MILESTONES = (

@@ -14,38 +14,54 @@ Rules:
 Credit: a team's figures are the sums of its **current** members' verified samples (``VolunteerTotal``, kept by
 the ledger). A member's whole verified contribution counts for the team they are in now, including work done
 before they joined; it leaves with them. Only experiments anyone may see (not drafts) count on ``/teams``.
-A member who hid their profile is counted but not named.
+A member who hid their profile is counted but not named, here, on the pages and in the open statistics export
+(``/api/stats/teams.{json,csv}``).
+
+Moderation: a hub administrator (``User.is_admin``) may rename any team and remove any team; the founder may rename
+their own team too (the name is the team's, and the founder answers for it), the team's admins may not. A new name
+passes the rules of a name at creation. Removing a team deletes its memberships and the team, nothing else: the
+volunteers' verified samples are the ledger's and stay theirs.
+
+Paging: the standings are pages of at most ``TEAMS_MAX_LIMIT`` teams, in the standings' order, by cursor (as the
+leaderboard's): a page's last row leads to the next page, its first row to the previous one.
 """
 
 from __future__ import annotations
 
+import base64
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, NamedTuple
 from urllib.parse import quote
 
-from pydantic import BaseModel, Field, field_validator
-from sqlalchemy import delete, func, select
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
+from sqlalchemy import and_, delete, func, or_, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from . import exports
 from .accounts import USERNAME_RE, is_reserved_username
-from .errors import Conflict, Forbidden, NotFound
-from .models import Experiment, ExperimentTotal, Team, TeamMember, User, VolunteerTotal
+from .errors import BadRequest, Conflict, Forbidden, NotFound
+from .experiments import PUBLIC
+from .metrics.common import share_of
+from .models import Experiment, ExperimentTotal, Team, TeamMember, User, VolunteerTotal, utcnow
 from .models.teams import ADMIN, MEMBER
 from .security import StoredText
-from .volunteers import PUBLIC, profile_path
+from .volunteers import profile_path
 
 NAME_MAX = 32
 DESCRIPTION_MAX = 500
+TEAMS_LIMIT = 100  # teams on a page of the standings unless asked otherwise
+TEAMS_MAX_LIMIT = 500
 
 
 def team_path(name: str) -> str:
     return f"/teams/{quote(name, safe='')}"
 
 
-class TeamCreate(BaseModel):
+class TeamName(BaseModel):
+    """A team's name as it is chosen: at creation and when renamed."""
+
     name: str = Field(min_length=2, max_length=NAME_MAX, description="2-32 letters, digits, '-' or '_'")
-    description: StoredText = Field(default="", max_length=DESCRIPTION_MAX, description="Plain text")
 
     @field_validator("name")
     @classmethod
@@ -53,6 +69,10 @@ class TeamCreate(BaseModel):
         if not USERNAME_RE.match(value):
             raise ValueError("use 2-32 letters, digits, '-' or '_', starting with a letter or digit")
         return value
+
+
+class TeamCreate(TeamName):
+    description: StoredText = Field(default="", max_length=DESCRIPTION_MAX, description="Plain text")
 
     @field_validator("description")
     @classmethod
@@ -108,6 +128,64 @@ class ExperimentTeamRow(BaseModel):
     share: float = Field(description="Fraction of the experiment's verified samples")
 
 
+class TeamCursor(NamedTuple):
+    """A row of the standings (its rank and sort key): a page starts after it, or ends before it. Clients get it
+    as opaque text (base64 of the JSON array) and only hand it back."""
+
+    rank: Annotated[int, Field(ge=1, le=2**62)]
+    verified: Annotated[int, Field(ge=0, le=2**62)]
+    sort_name: Annotated[StoredText, Field(max_length=NAME_MAX)]
+    team_id: Annotated[int, Field(ge=0, le=2**62)]
+
+    def encode(self) -> str:
+        return base64.urlsafe_b64encode(_CURSOR.dump_json(self)).decode().rstrip("=")
+
+    @staticmethod
+    def decode(text: str, field: str = "cursor") -> TeamCursor:
+        """The cursor a page returned; a 400 naming ``field`` for anything else."""
+        try:
+            return _CURSOR.validate_json(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        except (ValueError, ValidationError):  # a base64 error is a ValueError
+            raise BadRequest("not a cursor these standings returned", field=field) from None
+
+
+_CURSOR = TypeAdapter(TeamCursor)
+
+
+class TeamPage(BaseModel):
+    entries: list[TeamSummary]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last page")
+    prev_cursor: str | None = Field(description="Pass as ?before= for the previous page; null on the first page")
+
+
+class TeamStatsExperiment(BaseModel):
+    slug: str
+    verified_samples: int = Field(description="Of the team's current members in this experiment")
+    share: float = Field(description="Fraction of the experiment's verified samples")
+    rank: int = Field(description="The team's place among the teams in this experiment")
+
+
+class TeamStatsRow(BaseModel):
+    rank: int = Field(description="Place among all teams by verified samples")
+    name: str
+    founder: str | None = Field(description="Null when the founder hid their profile")
+    members: int
+    member_names: list[str] = Field(description="Members with a visible profile, most verified first")
+    hidden_members: int = Field(description="Members who hid their profile: counted, not named")
+    verified_samples: int = Field(description="Of its current members, over every experiment anyone may see")
+    created_at: datetime
+    experiments: list[TeamStatsExperiment] = Field(description="Per experiment anyone may see, most verified first")
+
+
+class TeamStats(BaseModel):
+    generated_at: datetime
+    teams: list[TeamStatsRow] = Field(description="Every team, in the standings' order")
+
+
+# The CSV is long: a team's hub-wide row (experiment empty), then a row per experiment it helped.
+CSV_FIELDS = ("team", "experiment", "rank", "members", "verified_samples", "share")
+
+
 class Membership(BaseModel):
     team: str | None = Field(description="The team the caller is in now; null when none")
     role: str | None
@@ -144,18 +222,86 @@ def _public_verified() -> Any:
     )
 
 
-def standings(session: Session) -> list[TeamSummary]:
-    """Every team, most verified first (then by name): the hub-wide standings."""
+def _standings() -> Any:
+    """Each team's members and verified samples, with its sort key: the standings before their order."""
     per_user = _public_verified()
-    verified = func.coalesce(func.sum(per_user.c.verified), 0)
-    rows = session.execute(
-        select(Team, func.count(TeamMember.user_id), verified)
+    return (
+        select(
+            Team.id.label("team_id"),
+            func.lower(Team.name).label("sort_name"),
+            func.count(TeamMember.user_id).label("members"),
+            func.coalesce(func.sum(per_user.c.verified), 0).label("verified"),
+        )
         .outerjoin(TeamMember, TeamMember.team_id == Team.id)
         .outerjoin(per_user, per_user.c.user_id == TeamMember.user_id)
         .group_by(Team.id)
-        .order_by(verified.desc(), func.lower(Team.name))
-    ).all()
-    return [_summary(rank, team, members, verified) for rank, (team, members, verified) in enumerate(rows, 1)]
+        .subquery()
+    )
+
+
+def _ranked(session: Session, limit: int | None, after: TeamCursor | None, before: TeamCursor | None) -> Any:
+    """Rows (team, members, verified, sort_name) of the standings in their order: most verified first, then by
+    name whatever the case (names are unique so), then by id; ``limit`` of them after ``after``, or the ``limit``
+    just before ``before``, or all."""
+    s = _standings()
+    key = tuple_(s.c.sort_name, s.c.team_id)
+    query = select(Team, s.c.members, s.c.verified, s.c.sort_name).join(s, s.c.team_id == Team.id)
+    if before is not None:
+        query = query.where(
+            or_(
+                s.c.verified > before.verified,
+                and_(s.c.verified == before.verified, key < tuple_(before.sort_name, before.team_id)),
+            )
+        ).order_by(s.c.verified.asc(), s.c.sort_name.desc(), s.c.team_id.desc())
+    else:
+        if after is not None:
+            query = query.where(
+                or_(
+                    s.c.verified < after.verified,
+                    and_(s.c.verified == after.verified, key > tuple_(after.sort_name, after.team_id)),
+                )
+            )
+        query = query.order_by(s.c.verified.desc(), s.c.sort_name, s.c.team_id)
+    if limit is not None:
+        query = query.limit(limit)
+    rows = session.execute(query).all()
+    return rows[::-1] if before is not None else rows
+
+
+def standings(session: Session) -> list[TeamSummary]:
+    """Every team, most verified first (then by name): the hub-wide standings."""
+    rows = _ranked(session, None, None, None)
+    return [_summary(rank, row.Team, row.members, row.verified) for rank, row in enumerate(rows, 1)]
+
+
+def standings_page(
+    session: Session, limit: int = TEAMS_LIMIT, after: TeamCursor | None = None, before: TeamCursor | None = None
+) -> TeamPage:
+    """``limit`` teams of the standings: the first, those after the row ``after``, or those before ``before``;
+    ``rank`` is the place in the whole standings."""
+    rows = _ranked(session, limit + 1, after, before)
+    more = len(rows) > limit
+    if before is not None:
+        rows = rows[len(rows) - limit :] if more else rows
+        first_rank = before.rank - len(rows)
+        earlier = more
+    else:
+        rows = rows[:limit]
+        first_rank = after.rank + 1 if after is not None else 1
+        earlier = first_rank > 1
+    if not rows:
+        return TeamPage(entries=[], next_cursor=None, prev_cursor=None)
+    last_rank = first_rank + len(rows) - 1
+    later = more if before is None else True  # a page before a row has at least that row after it
+
+    def cursor(rank: int, row: Any) -> str:
+        return TeamCursor(rank, int(row.verified), row.sort_name, row.Team.id).encode()
+
+    return TeamPage(
+        entries=[_summary(first_rank + i, row.Team, row.members, row.verified) for i, row in enumerate(rows)],
+        next_cursor=cursor(last_rank, rows[-1]) if later else None,
+        prev_cursor=cursor(first_rank, rows[0]) if earlier and first_rank > 1 else None,
+    )
 
 
 def _summary(rank: int, team: Team, members: int, verified: Any) -> TeamSummary:
@@ -172,27 +318,44 @@ def _summary(rank: int, team: Team, members: int, verified: Any) -> TeamSummary:
     )
 
 
+def _members(session: Session, team_id: int | None = None) -> dict[int, list[Any]]:
+    """Each team's members (or ``team_id``'s) with their verified samples, most verified first, then the longest
+    in the team: (TeamMember, verified) rows by team id."""
+    per_user = _public_verified()
+    verified = func.coalesce(per_user.c.verified, 0)
+    query = (
+        select(TeamMember, verified)
+        .outerjoin(per_user, per_user.c.user_id == TeamMember.user_id)
+        .order_by(TeamMember.team_id, verified.desc(), TeamMember.joined_at)
+    )
+    if team_id is not None:
+        query = query.where(TeamMember.team_id == team_id)
+    grouped: dict[int, list[Any]] = {}
+    for member, member_verified in session.execute(query).all():
+        grouped.setdefault(member.team_id, []).append((member, int(member_verified)))
+    return grouped
+
+
+def _named(rows: list[Any]) -> list[Any]:
+    """The members anyone may see named: a member who hid their profile is counted, never named (their
+    membership would tell that the account exists)."""
+    return [(member, verified) for member, verified in rows if not member.user.profile_hidden]
+
+
 def detail(session: Session, name: str) -> TeamPublic:
     team = get(session, name)
     summary = next(s for s in standings(session) if s.name == team.name)
-    per_user = _public_verified()
-    rows = session.execute(
-        select(TeamMember, func.coalesce(per_user.c.verified, 0))
-        .outerjoin(per_user, per_user.c.user_id == TeamMember.user_id)
-        .where(TeamMember.team_id == team.id)
-        .order_by(func.coalesce(per_user.c.verified, 0).desc(), TeamMember.joined_at)
-    ).all()
+    rows = _members(session, team.id).get(team.id, [])
     members = [
         TeamMemberPublic(
             username=m.user.username,
             role=m.role,
             founder=m.user_id == team.founder_id,
             joined_at=m.joined_at,
-            verified_samples=int(v),
+            verified_samples=v,
             profile_url=profile_path(m.user.username),
         )
-        for m, v in rows
-        if not m.user.profile_hidden
+        for m, v in _named(rows)
     ]
     return TeamPublic(
         **summary.model_dump(),
@@ -227,34 +390,40 @@ def _team_experiments(session: Session, team: Team) -> list[TeamExperiment]:
         .where(TeamMember.team_id == team.id, VolunteerTotal.verified_samples > 0)
         .distinct()
     )
-    by_team = _by_experiment_and_team(helped).subquery()
+    return _experiments_by_team(session, helped).get(team.id, [])
+
+
+def _experiments_by_team(session: Session, experiment_ids: Any = None) -> dict[int, list[TeamExperiment]]:
+    """Every team's verified samples in each public experiment (of ``experiment_ids``, or all) that its members
+    helped, its share and its rank among the teams there; by team id, most verified first."""
+    by_team = _by_experiment_and_team(experiment_ids).subquery()
     rows = session.execute(
         select(by_team.c.experiment_id, by_team.c.team_id, by_team.c.verified, Experiment, ExperimentTotal)
         .join(Experiment, Experiment.id == by_team.c.experiment_id)
+        .join(Team, Team.id == by_team.c.team_id)
         .outerjoin(ExperimentTotal, ExperimentTotal.experiment_id == Experiment.id)
         .where(PUBLIC)
+        # the order of experiment_standings within each experiment, ties included: a team's rank is the same there
+        .order_by(by_team.c.experiment_id, by_team.c.verified.desc(), func.lower(Team.name))
     ).all()
     grouped: dict[int, list[Any]] = {}
     for row in rows:
         grouped.setdefault(row.experiment_id, []).append(row)
-    found = []
+    found: dict[int, list[TeamExperiment]] = {}
     for group in grouped.values():
-        group.sort(key=lambda r: -int(r.verified))
         for rank, row in enumerate(group, 1):
-            if row.team_id != team.id:
-                continue
             total = row.ExperimentTotal.verified_samples if row.ExperimentTotal else 0
-            found.append(
+            found.setdefault(row.team_id, []).append(
                 TeamExperiment(
                     slug=row.Experiment.slug,
                     title=row.Experiment.title,
                     url=f"/experiments/{quote(row.Experiment.slug, safe='')}",
                     verified_samples=int(row.verified),
-                    share=round(int(row.verified) / total, 4) if total else 0.0,
+                    share=share_of(int(row.verified), total),
                     rank=rank,
                 )
             )
-    return sorted(found, key=lambda e: (-e.verified_samples, e.slug))
+    return {team_id: sorted(rows, key=lambda e: (-e.verified_samples, e.slug)) for team_id, rows in found.items()}
 
 
 def experiment_standings(session: Session, experiment: Experiment) -> list[ExperimentTeamRow]:
@@ -274,10 +443,55 @@ def experiment_standings(session: Session, experiment: Experiment) -> list[Exper
             url=team_path(name),
             verified_samples=int(verified),
             contributors=int(contributors),
-            share=round(int(verified) / total, 4) if total else 0.0,
+            share=share_of(int(verified), total),
         )
         for rank, (name, verified, contributors) in enumerate(rows, 1)
     ]
+
+
+def stats(session: Session) -> TeamStats:
+    """The open statistics export: every team as the standings and the team pages count it (the same functions),
+    with the members anyone may see named and the others counted, and its standing in each public experiment."""
+    members = _members(session)
+    experiments = _experiments_by_team(session)
+    rows = []
+    for rank, row in enumerate(_ranked(session, None, None, None), 1):
+        team, listed = row.Team, members.get(row.Team.id, [])
+        named = [member.user.username for member, _ in _named(listed)]
+        summary = _summary(rank, team, row.members, row.verified)
+        rows.append(
+            TeamStatsRow(
+                rank=rank,
+                name=team.name,
+                founder=summary.founder,
+                members=summary.members,
+                member_names=named,
+                hidden_members=len(listed) - len(named),
+                verified_samples=summary.verified_samples,
+                created_at=team.created_at,
+                experiments=[
+                    TeamStatsExperiment(slug=e.slug, verified_samples=e.verified_samples, share=e.share, rank=e.rank)
+                    for e in experiments.get(team.id, [])
+                ],
+            )
+        )
+    return TeamStats(generated_at=utcnow(), teams=rows)
+
+
+def stats_csv(data: TeamStats) -> str:
+    def rows() -> Any:
+        for team in data.teams:
+            yield (team.name, "", team.rank, team.members, team.verified_samples, "")
+            for e in team.experiments:
+                yield (team.name, e.slug, e.rank, team.members, e.verified_samples, e.share)
+
+    return exports.csv_text(CSV_FIELDS, rows())
+
+
+def stats_bodies(session: Session) -> tuple[bytes, str]:
+    """The export's JSON and CSV, from one read so that they agree."""
+    data = stats(session)
+    return data.model_dump_json().encode(), stats_csv(data)
 
 
 # ---- changes (the caller's transaction; nothing here commits)
@@ -289,8 +503,7 @@ def create(session: Session, user: User, data: TeamCreate) -> Team:
     current = team_of(session, user)
     if current is not None:
         raise Conflict(f"you are in team {current.name!r}: leave it first", field="name")
-    if session.scalar(select(Team.id).where(func.lower(Team.name) == data.name.lower())) is not None:
-        raise Conflict("that team name is taken", field="name")
+    _check_name(session, data.name)
     team = Team(name=data.name, description=data.description, founder_id=user.id, creator_id=user.id)
     # The checks above read before writing: two requests at once can both pass them, and the database's unique
     # keys (lower(name), one membership per user) then refuse the second, as a 409 and not a 500.
@@ -396,3 +609,57 @@ def can_manage(session: Session, team: Team, user: User | None) -> bool:
         return False
     row = membership(session, user)
     return row is not None and row.team_id == team.id and (row.role == ADMIN or user.id == team.founder_id)
+
+
+# ---- moderation
+
+
+def _check_name(session: Session, name: str, team: Team | None = None) -> None:
+    """A name ``team`` may take (a new team: ``None``): not reserved, and no other team's whatever the case."""
+    if is_reserved_username(name):
+        raise Conflict("that name is reserved for the swarm peers of the server", field="name")
+    taken = select(Team.id).where(func.lower(Team.name) == name.lower())
+    if team is not None:
+        taken = taken.where(Team.id != team.id)
+    if session.scalar(taken) is not None:
+        raise Conflict("that team name is taken", field="name")
+
+
+def can_rename(team: Team, user: User | None) -> bool:
+    """A hub administrator, or the team's founder."""
+    return user is not None and (user.is_admin or user.id == team.founder_id)
+
+
+def check_rename(team: Team, user: User) -> None:
+    if not can_rename(team, user):
+        raise Forbidden(f"only the founder of team {team.name!r} and the hub's administrators may rename it")
+
+
+def can_remove(user: User | None) -> bool:
+    """A hub administrator only: a team ends otherwise when its last member leaves."""
+    return user is not None and user.is_admin
+
+
+def rename(session: Session, actor: User, team: Team, data: TeamName) -> Team:
+    """The founder or a hub administrator gives ``team`` a new name (its address changes with it); 403 for
+    anyone else, 409 for a name taken whatever the case or reserved. A change of case alone is allowed."""
+    check_rename(team, actor)
+    _check_name(session, data.name, team)
+    try:
+        with session.begin_nested():  # another team taking the name meanwhile: the unique index refuses one
+            team.name = data.name
+            session.flush()
+    except IntegrityError:
+        session.refresh(team)
+        raise Conflict("that team name is taken", field="name") from None
+    return team
+
+
+def remove_team(session: Session, actor: User, team: Team) -> None:
+    """A hub administrator removes ``team``: its memberships and the team go; every volunteer's verified samples
+    stay theirs (they are the ledger's, not the team's). 403 for anyone else, the team's founder included."""
+    if not can_remove(actor):
+        raise Forbidden("only the hub's administrators may remove a team")
+    session.execute(delete(TeamMember).where(TeamMember.team_id == team.id))
+    session.execute(delete(Team).where(Team.id == team.id))
+    session.expunge(team)

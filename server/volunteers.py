@@ -20,7 +20,9 @@ from sqlalchemy.orm import Session
 
 from . import exports, milestones
 from .errors import NotFound
-from .milestones import PUBLIC, Milestone
+from .experiments import PUBLIC
+from .metrics.common import share_of
+from .milestones import Milestone
 from .models import (
     Experiment,
     ExperimentTotal,
@@ -120,7 +122,7 @@ def profile(session: Session, username: str) -> VolunteerProfile:
                 url=f"/experiments/{quote(slug, safe='')}",
                 verified_samples=total.verified_samples,
                 pending_samples=total.pending_samples,
-                share=round(total.verified_samples / experiment_verified, 4) if experiment_verified else 0.0,
+                share=share_of(total.verified_samples, experiment_verified),
                 time_online_seconds=round(total.online_seconds, 1),
                 device_classes=sorted(total.device_classes or []),
                 last_seen=max(seen) if seen else None,
@@ -202,3 +204,9 @@ def stats_csv(data: VolunteerStats) -> str:
     return exports.csv_text(
         CSV_FIELDS, ((row.username, row.verified_samples, row.experiments) for row in data.volunteers)
     )
+
+
+def stats_bodies(session: Session) -> tuple[bytes, str]:
+    """The export's JSON and CSV, from one read so that they agree."""
+    data = stats(session)
+    return data.model_dump_json().encode(), stats_csv(data)

@@ -132,12 +132,19 @@ def test_page_form(route, app, client, db, world):
 
 # Open figures: every role may read them, and each gets the same body, since caches (Cache-Control: public) may
 # hand one answer to anyone. None shows a draft, not even to its organizer or an administrator.
-OPEN_ROUTES = ["/api/hub", "/api/stats/experiments.json", "/api/stats/experiments.csv"]
+OPEN_ROUTES = [
+    "/api/hub",
+    "/api/stats/experiments.json",
+    "/api/stats/experiments.csv",
+    "/api/stats/teams.json",
+    "/api/stats/teams.csv",
+]
 
 
 @pytest.mark.parametrize("path", OPEN_ROUTES)
 def test_open_figures_are_the_same_for_every_role(path, client, db, world):
     make_experiment(db, world["organizer"], slug="secret-draft", status="draft")
+    client.post("/api/teams", json={"name": "vera-crew"}, headers=api_token(client, USERS["volunteer"]))
     bodies = {}
     for role in ROLES:
         headers = {} if role == "anonymous" else api_token(client, USERS[role])
@@ -148,7 +155,7 @@ def test_open_figures_are_the_same_for_every_role(path, client, db, world):
             body = body["experiments"]  # generated_at moves on between rebuilds
         bodies[role] = body
         assert "secret-draft" not in response.text, (path, role)
-        assert "target" in response.text, (path, role)
+        assert ("target" if "teams" not in path else "vera-crew") in response.text, (path, role)
     assert all(body == bodies["anonymous"] for body in bodies.values()), path
 
 
@@ -226,6 +233,78 @@ def test_team_page_form(route, app, db, team_world):
             response = browser.post(path, data={"csrf_token": csrf}, follow_redirects=False)
         unchanged = mia_as_made(db)
         if role in TEAM_MANAGERS:
+            assert response.status_code == 303 and not unchanged, (name, role, response.status_code)
+        elif role == "anonymous":
+            assert response.status_code == 303 and response.headers["location"].startswith("/login"), (name, role)
+            assert unchanged, (name, role)
+        else:
+            assert response.status_code == 403 and unchanged, (name, role, response.status_code)
+
+
+# Moderation: a hub administrator renames and removes any team; the founder renames their own; the team's admins,
+# its members and anyone else are refused (403), a visitor gets 401 (API) or is sent to log in (pages).
+# (name, method, path, body, who may, status when they may)
+MODERATION_API_ROUTES: list[tuple[str, str, str, dict[str, Any] | None, set[str], int]] = [
+    ("rename-team", "POST", "/api/teams/crew/rename", {"name": "ship"}, {"admin", "founder"}, 200),
+    ("remove-team", "DELETE", "/api/teams/crew", None, {"admin"}, 204),
+]
+MODERATION_PAGE_ROUTES: list[tuple[str, str, dict[str, str], set[str]]] = [
+    ("rename-team", "/teams/crew/rename", {"name": "ship"}, {"admin", "founder"}),
+    ("remove-team", "/teams/crew/remove", {}, {"admin"}),
+]
+CREW = {"fred": "admin", "tara": "admin", "mel": "member", "mia": "member"}
+
+
+def crew_as_made(db) -> bool:
+    """Whether team crew is as the fixture made it (name, founder, members and roles); puts it back for the next
+    case, under its name, whatever a case did to it (renamed it, removed it)."""
+    with db.begin() as session:
+        users = {u.username: u for u in session.scalars(select(User).where(User.username.in_(list(CREW))))}
+        crew = session.scalar(select(Team).where(Team.name.in_(["crew", "ship"])))
+        rows = session.execute(
+            select(User.username, TeamMember.role).join(TeamMember, TeamMember.user_id == User.id)
+            .where(TeamMember.team_id == (crew.id if crew else -1))
+        ).all()  # fmt: skip
+        unchanged = crew is not None and crew.name == "crew" and crew.founder_id == users["fred"].id
+        unchanged = unchanged and dict(rows) == CREW
+        if crew is None:
+            crew = Team(name="crew", description="", founder_id=users["fred"].id, creator_id=users["fred"].id)
+            session.add(crew)
+            session.flush()
+            for name, role in CREW.items():
+                session.add(TeamMember(user_id=users[name].id, team_id=crew.id, role=role))
+        crew.name = "crew"
+        return unchanged
+
+
+@pytest.mark.parametrize("route", MODERATION_API_ROUTES, ids=[r[0] for r in MODERATION_API_ROUTES])
+def test_team_moderation_api_route(route, client, db, team_world):
+    name, method, path, body, allowed, ok = route
+    assert crew_as_made(db)
+    for role in TEAM_ROLES:
+        headers = {} if role == "anonymous" else api_token(client, TEAM_USERS[role])
+        response = client.request(method, path, headers=headers, **({"json": body} if body is not None else {}))
+        unchanged = crew_as_made(db)
+        if role in allowed:
+            assert response.status_code == ok and not unchanged, (name, role, response.text)
+        else:
+            assert response.status_code == (401 if role == "anonymous" else 403), (name, role, response.text)
+            assert unchanged, (name, role)
+
+
+@pytest.mark.parametrize("route", MODERATION_PAGE_ROUTES, ids=[r[0] for r in MODERATION_PAGE_ROUTES])
+def test_team_moderation_page_form(route, app, db, team_world):
+    name, path, form, allowed = route
+    for role in TEAM_ROLES:
+        browser = TestClient(app)
+        csrf = csrf_from(browser.get("/login").text)
+        if role != "anonymous":
+            browser.post("/login", data={"username": TEAM_USERS[role], "password": PASSWORD, "csrf_token": csrf})
+            csrf = csrf_from(browser.get("/account").text)
+        with browser:
+            response = browser.post(path, data={**form, "csrf_token": csrf}, follow_redirects=False)
+        unchanged = crew_as_made(db)
+        if role in allowed:
             assert response.status_code == 303 and not unchanged, (name, role, response.status_code)
         elif role == "anonymous":
             assert response.status_code == 303 and response.headers["location"].startswith("/login"), (name, role)

@@ -46,6 +46,7 @@ def test_api_never_fails_or_breaks_its_schema(app, client, db):
         checked
     )
     assert {"GET /api/hub", "GET /api/stats/experiments.json", "GET /api/stats/experiments.csv"} <= set(checked)
+    assert {"GET /api/stats/teams.json", "GET /api/stats/teams.csv"} <= set(checked)
     assert {
         "GET /api/teams",
         "POST /api/teams",
@@ -54,5 +55,7 @@ def test_api_never_fails_or_breaks_its_schema(app, client, db):
         "POST /api/teams/{slug}/leave",
         "DELETE /api/teams/{slug}/members/{username}",
         "POST /api/teams/{slug}/admins",
+        "POST /api/teams/{slug}/rename",
+        "DELETE /api/teams/{slug}",
         "GET /api/experiments/{slug}/teams",
     } <= set(checked)

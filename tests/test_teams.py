@@ -1,11 +1,14 @@
 """Teams: found, join and leave (one team at a time), the founder's place passing on and the last member's leaving
 ending the team; only the founder and admins manage members; the standings are the ledger's sums of the current
 members' verified samples; names follow the username rules, descriptions are shown as text; a few teams per
-account a day."""
+account a day; the open statistics export of every team; hub administrators rename and remove teams (founders
+rename theirs); the standings page by cursor."""
 
 from __future__ import annotations
 
+import csv
 import html
+import io
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from starlette.testclient import TestClient
 
+from swarmhub.server.app import create_app
 from swarmhub.server.models import Experiment, Team, TeamMember, User, VolunteerTotal, utcnow
 
 from .conftest import api_token, login, make_experiment, make_user
@@ -284,3 +288,243 @@ def test_the_database_keeps_names_unique_whatever_the_case_and_one_team_per_volu
         crabs = session.scalar(select(Team).where(Team.name == "Crabs"))
         session.add(TeamMember(user_id=grace.id, team_id=crabs.id, role="member"))
     assert members(db, "Crabs") == {"ada": "admin"} and members(db, "Gophers") == {"grace": "admin"}
+
+
+# ---- the open statistics export
+
+
+def test_stats_export_counts_as_the_standings_and_names_no_hidden_member(client, db):
+    olga = make_user(db, "olga")
+    for name in ("ada", "shy", "linus"):
+        make_user(db, name)
+    tokens = {n: api_token(client, n) for n in ("ada", "shy", "linus")}
+    alpha = make_experiment(db, olga, slug="alpha", status="running")
+    draft = make_experiment(db, olga, slug="secret", status="draft")
+    t0 = utcnow() - timedelta(minutes=5)
+    for experiment, senders in (
+        (alpha, [("ada", "QmA", 100), ("shy", "QmS", 30), ("linus", "QmL", 50)]),
+        (draft, [("ada", "QmA3", 1000)]),
+    ):
+        observe(db, experiment.id, t0, *[(n, p, 1, s) for n, p, s in senders])
+        witness(db, experiment.id, t0 + timedelta(seconds=1), f"r-{experiment.slug}", 1,
+                [(n, p, float(s)) for n, p, s in senders])  # fmt: skip
+    client.post("/api/teams", json={"name": "Crabs"}, headers=tokens["ada"])
+    client.post("/api/teams/Crabs/join", headers=tokens["shy"])
+    client.post("/api/teams", json={"name": "Gophers"}, headers=tokens["linus"])
+    with db.begin() as session:
+        session.scalar(select(User).where(User.username == "shy")).profile_hidden = True
+        # A name the create route refuses, stored by an older rule or an operator: a spreadsheet must not run it.
+        session.add(Team(name="=1+2", description=""))
+
+    response = client.get("/api/stats/teams.json")
+    assert response.status_code == 200, response.text
+    assert response.headers["cache-control"] == "public, max-age=300"
+    rows = response.json()["teams"]
+    standings = client.get("/api/teams").json()
+    assert [(r["rank"], r["name"], r["members"], r["verified_samples"]) for r in rows] == [
+        (t["rank"], t["name"], t["members"], t["verified_samples"]) for t in standings
+    ]
+    crabs = next(r for r in rows if r["name"] == "Crabs")
+    detail = client.get("/api/teams/Crabs").json()
+    assert crabs["member_names"] == ["ada"] and crabs["hidden_members"] == 1 and crabs["members"] == 2
+    assert "shy" not in response.text  # counted, never named
+    assert crabs["experiments"] == [
+        {"slug": e["slug"], "verified_samples": e["verified_samples"], "share": e["share"], "rank": e["rank"]}
+        for e in detail["experiments"]
+    ]
+    assert [e["slug"] for e in crabs["experiments"]] == ["alpha"]  # the draft counts for no one
+    assert crabs["experiments"][0]["share"] == next(
+        t["share"] for t in client.get("/api/experiments/alpha/teams").json() if t["name"] == "Crabs"
+    )
+
+    text = client.get("/api/stats/teams.csv")
+    assert text.headers["content-type"].startswith("text/csv")
+    parsed = list(csv.DictReader(io.StringIO(text.text)))
+    assert parsed[0].keys() == {"team", "experiment", "rank", "members", "verified_samples", "share"}
+    expected = []
+    for r in rows:
+        name = "'" + r["name"] if r["name"].startswith("=") else r["name"]
+        expected.append([name, "", str(r["rank"]), str(r["members"]), str(r["verified_samples"]), ""])
+        for e in r["experiments"]:
+            figures = [e["rank"], r["members"], e["verified_samples"], e["share"]]
+            expected.append([name, e["slug"], *map(str, figures)])
+    assert [list(row.values()) for row in parsed] == expected
+    assert "'=1+2" in text.text and "shy" not in text.text
+
+
+def test_stats_export_has_an_etag_per_coding_and_is_kept_per_process(app, client, db, settings):
+    make_user(db, "ada")
+    client.post("/api/teams", json={"name": "Crabs"}, headers=api_token(client, "ada"))
+    for path in ("/api/stats/teams.json", "/api/stats/teams.csv"):
+        plain = client.get(path, headers={"Accept-Encoding": "identity"})
+        packed = client.get(path, headers={"Accept-Encoding": "gzip"})
+        assert "content-encoding" not in plain.headers and packed.headers["content-encoding"] == "gzip"
+        assert packed.content == plain.content and packed.headers["etag"] != plain.headers["etag"]
+        assert packed.headers["vary"] == "Accept-Encoding"
+        again = client.get(path, headers={"Accept-Encoding": "identity", "If-None-Match": plain.headers["etag"]})
+        assert again.status_code == 304 and again.content == b""
+        other = client.get(path, headers={"Accept-Encoding": "gzip", "If-None-Match": plain.headers["etag"]})
+        assert other.status_code == 200  # the plain body's tag is not the gzipped one's
+
+    before = client.get("/api/stats/teams.json").json()["teams"]
+    client.post("/api/teams/Crabs/leave", headers=api_token(client, "ada"))  # the last one out ends the team
+    assert client.get("/api/stats/teams.json").json()["teams"] == before  # this process keeps its copy
+    with TestClient(create_app(settings.model_copy(update={"stats_cache_seconds": 0}))) as fresh:
+        assert fresh.get("/api/stats/teams.json").json()["teams"] == []
+
+
+# ---- moderation: hub administrators rename and remove teams; founders rename theirs
+
+
+@pytest.fixture
+def crew(client, db):
+    """root (the hub's administrator), fred founding "crew" with tara (admin) and mel, otis founding "rivals"."""
+    for name in ("root", "fred", "tara", "mel", "otis"):
+        make_user(db, name)
+    tokens = {n: api_token(client, n) for n in ("root", "fred", "tara", "mel", "otis")}
+    client.post("/api/teams", json={"name": "crew"}, headers=tokens["fred"])
+    client.post("/api/teams", json={"name": "rivals"}, headers=tokens["otis"])
+    for name in ("tara", "mel"):
+        client.post("/api/teams/crew/join", headers=tokens[name])
+    client.post("/api/teams/crew/admins", json={"username": "tara"}, headers=tokens["fred"])
+    return tokens
+
+
+def test_the_founder_and_administrators_rename_a_team_with_the_rules_of_a_new_name(client, db, crew):
+    def rename(who: str, name: str, team: str = "crew") -> Any:
+        return client.post(f"/api/teams/{team}/rename", json={"name": name}, headers=crew[who])
+
+    assert client.post("/api/teams/crew/rename", json={"name": "x1"}).status_code == 401
+    for who in ("mel", "tara", "otis"):  # a member, the team's own admin, another team's founder
+        assert rename(who, "hijacked").status_code == 403, who
+    assert rename("fred", PAYLOAD).status_code == 422
+    assert rename("fred", "a").json()["detail"][0]["loc"] == ["body", "name"]
+    taken = rename("fred", "RIVALS")
+    assert taken.status_code == 409 and taken.json()["field"] == "name"
+    assert rename("fred", "Swarm_Hub").status_code == 409  # reserved, as at creation
+    assert founder(db, "crew") == "fred" and members(db, "crew") == {"fred": "admin", "tara": "admin", "mel": "member"}
+
+    renamed = rename("fred", "Crew")  # a change of case alone
+    assert renamed.status_code == 200 and renamed.json()["name"] == "Crew" and renamed.json()["url"] == "/teams/Crew"
+    moved = rename("root", "ship", team="Crew")
+    assert moved.status_code == 200 and moved.json()["members"] == 3
+    assert client.get("/api/teams/crew").status_code == 404
+    assert members(db, "ship") == {"fred": "admin", "tara": "admin", "mel": "member"} and founder(db, "ship") == "fred"
+
+
+def test_only_administrators_remove_a_team_and_the_members_keep_their_samples(client, db, crew):
+    olga = make_user(db, "olga")
+    alpha = make_experiment(db, olga, slug="alpha", status="running")
+    t0 = utcnow() - timedelta(minutes=5)
+    observe(db, alpha.id, t0, ("fred", "QmF", 1, 40), ("mel", "QmM", 1, 20))
+    witness(db, alpha.id, t0 + timedelta(seconds=1), "r-1", 1, [("fred", "QmF", 40.0), ("mel", "QmM", 20.0)])
+    before = {n: verified_of(client, n) for n in ("fred", "mel")}
+    assert all(before.values())
+
+    assert client.delete("/api/teams/crew").status_code == 401
+    for who in ("mel", "tara", "fred", "otis"):  # the founder too: a team ends when its last member leaves
+        assert client.delete("/api/teams/crew", headers=crew[who]).status_code == 403, who
+    assert members(db, "crew") == {"fred": "admin", "tara": "admin", "mel": "member"}
+    assert client.delete("/api/teams/crew", headers=crew["root"]).status_code == 204
+    assert client.get("/api/teams/crew").status_code == 404
+    with db() as session:
+        assert session.scalar(select(func.count()).select_from(TeamMember)) == 1  # otis, in rivals
+    assert {n: verified_of(client, n) for n in ("fred", "mel")} == before
+    assert [t["name"] for t in client.get("/api/teams").json()] == ["rivals"]
+    assert client.get("/api/users/fred").json()["team"] is None
+    # Free again: fred founds a team, mel joins another.
+    assert client.post("/api/teams", json={"name": "crew2"}, headers=crew["fred"]).status_code == 201
+    assert client.post("/api/teams/rivals/join", headers=crew["mel"]).status_code == 200
+    assert client.delete("/api/teams/nobody", headers=crew["root"]).status_code == 404
+
+
+def test_the_team_page_shows_moderation_controls_to_whom_they_serve(app, db, crew):
+    def page_for(who: str | None) -> tuple[TestClient, str, str]:
+        browser = TestClient(app)
+        csrf = login(browser, who) if who else ""
+        return browser, csrf, browser.get("/teams/crew").text
+
+    for who, rename, remove in (
+        (None, False, False),
+        ("mel", False, False),
+        ("tara", False, False),
+        ("otis", False, False),
+        ("fred", True, False),
+        ("root", True, True),
+    ):
+        _, _, text = page_for(who)
+        assert ('id="rename-team"' in text, 'id="remove-team"' in text) == (rename, remove), who
+
+    browser, csrf, _ = page_for("fred")
+    taken = page_post(browser, csrf, "/teams/crew/rename", name="rivals")
+    assert taken.status_code == 409 and 'id="error-name"' in taken.text
+    bad = page_post(browser, csrf, "/teams/crew/rename", name=PAYLOAD)
+    assert bad.status_code == 422 and PAYLOAD not in bad.text
+    moved = page_post(browser, csrf, "/teams/crew/rename", name="ship")
+    assert moved.status_code == 303 and moved.headers["location"] == "/teams/ship"
+    assert page_post(browser, csrf, "/teams/ship/remove").status_code == 403
+
+    browser, csrf, _ = page_for("root")
+    gone = page_post(browser, csrf, "/teams/ship/remove")
+    assert gone.status_code == 303 and gone.headers["location"] == "/teams"
+    assert browser.get("/teams/ship").status_code == 404
+
+
+# ---- paging
+
+
+def test_standings_page_by_cursor_both_ways_with_absolute_ranks(client, db):
+    olga = make_user(db, "olga")
+    alpha = make_experiment(db, olga, slug="alpha", status="running")
+    # (team, verified of its one member): ties on verified, and names that differ from their order only in case
+    figures = [("zed", 50), ("Amy", 50), ("bob", 50), ("cat", 70), ("dan", 0), ("Eve", 0), ("fay", 20), ("gus", 0)]
+    with db.begin() as session:
+        for name, verified in figures:
+            user = User(username=f"m-{name}", password_hash="x")
+            session.add(user)
+            session.flush()
+            team = Team(name=name, description="", founder_id=user.id, creator_id=user.id)
+            session.add(team)
+            session.flush()
+            session.add(TeamMember(user_id=user.id, team_id=team.id, role="admin"))
+            session.add(VolunteerTotal(experiment_id=alpha.id, user_id=user.id, sort_name=user.username,
+                                       verified_samples=verified))  # fmt: skip
+    whole = client.get("/api/teams", params={"limit": 500})
+    assert "next-cursor" not in whole.headers and "link" not in whole.headers
+    order = [t["name"] for t in whole.json()]
+    assert [t["rank"] for t in whole.json()] == list(range(1, 9))
+    assert order[:4] == ["cat", "Amy", "bob", "zed"] and order[4] == "fay" and set(order[5:]) == {"dan", "Eve", "gus"}
+
+    pages, response = [], client.get("/api/teams", params={"limit": 3})
+    while True:
+        assert response.status_code == 200, response.text
+        pages.append(response.json())
+        if "next-cursor" not in response.headers:
+            break
+        assert 'rel="next"' in response.headers["link"]
+        response = client.get("/api/teams", params={"limit": 3, "cursor": response.headers["next-cursor"]})
+    assert [len(p) for p in pages] == [3, 3, 2]
+    assert [t["name"] for p in pages for t in p] == order and [t["rank"] for p in pages for t in p] == list(range(1, 9))
+    assert "prev-cursor" in response.headers and 'rel="prev"' in response.headers["link"]
+    back = []
+    while "prev-cursor" in response.headers:
+        response = client.get("/api/teams", params={"limit": 3, "before": response.headers["prev-cursor"]})
+        back.insert(0, response.json())
+    assert back == pages[:-1]
+
+    for bad in (0, 501):
+        refused = client.get("/api/teams", params={"limit": bad})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "limit"]
+    assert client.get("/api/teams", params={"cursor": "nonsense"}).json()["field"] == "cursor"
+    both = client.get("/api/teams", params={"cursor": "x", "before": "y"})
+    assert both.status_code == 400 and both.json()["field"] == "before"
+
+    first = client.get("/teams", params={"limit": 3})
+    assert first.status_code == 200 and 'id="next"' in first.text and 'id="prev"' not in first.text
+    assert first.text.count("<tr data-team=") == 3
+    second = client.get(html.unescape(first.text.split('id="next" href="')[1].split('"')[0]))
+    assert 'id="prev"' in second.text and 'id="next"' in second.text
+    assert f'data-team="{order[3]}"' in second.text and f'data-team="{order[0]}"' not in second.text
+    again = client.get(html.unescape(second.text.split('id="prev" href="')[1].split('"')[0]))
+    assert [f'data-team="{n}"' in again.text for n in order[:4]] == [True, True, True, False]
+    assert client.get("/teams", params={"limit": 0}).status_code == 422

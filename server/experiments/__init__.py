@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..models import Experiment  # callers name the model as experiments.Experiment
 from .admission import MIN_PEER_KEY_BITS, PeerKey, check_peer_key, experiment_public_key, peer_key, swarm_token
 from .lifecycle import (
+    PUBLIC,
     TRANSITIONS,
     by_run_id,
     can_manage,
@@ -51,6 +52,7 @@ __all__ = [
     "DEFAULT_MAX_PEERS_PER_VOLUNTEER",
     "Experiment",
     "MIN_PEER_KEY_BITS",
+    "PUBLIC",
     "TRAINING_FIELDS",
     "TRANSITIONS",
     "ExperimentCreate",

@@ -52,6 +52,12 @@ def by_run_id(session: Session, run_id_: str) -> Experiment | None:
     return experiment if experiment is not None and run_id(experiment) == run_id_ else None
 
 
+# The experiments anyone may see, signed in or not, as a SQL condition: every one but drafts. What ``can_view``
+# grants to no one in particular; the open figures (front page, profiles, teams, milestones, statistics exports)
+# count these only, so that what they show is the same for every viewer.
+PUBLIC = Experiment.status != ExperimentStatus.draft
+
+
 def can_view(experiment: Experiment, user: User | None) -> bool:
     return experiment.status != ExperimentStatus.draft or (
         user is not None and (user.id == experiment.owner_id or user.is_admin)
@@ -86,9 +92,9 @@ def get_managed(session: Session, slug: str, user: User) -> Experiment:
 def list_visible(session: Session, user: User | None) -> list[Experiment]:
     stmt = select(Experiment)
     if user is None:
-        stmt = stmt.where(Experiment.status != ExperimentStatus.draft)
+        stmt = stmt.where(PUBLIC)
     elif not user.is_admin:
-        stmt = stmt.where(or_(Experiment.status != ExperimentStatus.draft, Experiment.owner_id == user.id))
+        stmt = stmt.where(or_(PUBLIC, Experiment.owner_id == user.id))
     return list(session.scalars(stmt.order_by(Experiment.created_at.desc(), Experiment.id.desc())))
 
 

@@ -14,12 +14,11 @@ from sqlalchemy import BigInteger, Integer, Row, Select, Text, and_, bindparam, 
 from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
-from .. import contributions, milestones
+from .. import contributions, milestones, volunteers
 from ..errors import BadRequest
 from ..models import Experiment
 from ..security import StoredText
-from ..volunteers import profile_path
-from .common import _RUNS, _TOTALS, _USERS, _VOLUNTEERS, _active_since
+from .common import _RUNS, _TOTALS, _USERS, _VOLUNTEERS, _active_since, share_of
 
 # A claim is implausible when it is this far above what the swarm's signed records show.
 CLAIM_SLACK = 0.25  # claimed samples over verified + pending, beyond the reporting lag
@@ -263,8 +262,8 @@ def leaderboard_page(
                 samples=row.verified_samples,
                 pending_samples=row.pending_samples,
                 claimed_samples=row.claimed_samples,
-                share=round(row.verified_samples / total_verified, 4) if total_verified else 0.0,
-                profile_url=None if row.profile_hidden else profile_path(row.username),
+                share=share_of(row.verified_samples, total_verified),
+                profile_url=None if row.profile_hidden else volunteers.profile_path(row.username),
                 samples_per_second=round(float(row.rate or 0.0), 2),
                 time_online_seconds=round(row.online_seconds, 1),
                 active=last_seen is not None and last_seen >= since,

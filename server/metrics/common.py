@@ -1,4 +1,5 @@
-"""What the metrics modules share: the Core tables they read and write, the buckets' widths, the server clock."""
+"""What the metrics modules share: the Core tables they read and write, the buckets' widths, the server clock, and
+a contribution's share of an experiment (leaderboards, profiles, teams)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ def current_time() -> datetime:
     from .. import metrics  # the package, which imports this module
 
     return metrics.utcnow()
+
+
+def share_of(part: int, total: int | None) -> float:
+    """``part`` as a fraction of an experiment's ``total`` verified samples, to 4 places; 0.0 while it has none."""
+    return round(part / total, 4) if total else 0.0
 
 
 def among(column: Any, values: Any, dialect: str) -> Any:

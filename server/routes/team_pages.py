@@ -1,5 +1,6 @@
-"""Team pages: ``/teams`` (standings and the form to found one) and ``/teams/{name}`` (members, standings per
-experiment, join and leave, and the founder's and admins' member controls). Forms post back with a CSRF token."""
+"""Team pages: ``/teams`` (the standings, in pages, and the form to found one) and ``/teams/{name}`` (members,
+standings per experiment, join and leave, the founder's and admins' member controls, and the moderation controls:
+rename for the founder and hub administrators, remove for hub administrators). Forms post back with a CSRF token."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ from ..errors import AppError
 from ..ratelimit import check_account, limited
 from ..views import render
 from .page_helpers import WebSess, form_errors, router, see_other
+from .teams import After, Before, Limit, standings_page
 
 
 def _list(request: Request, session: DB, user: Any, web: Any, **extra: Any) -> Response:
     status_code = extra.pop("status_code", 200)
+    page = extra.pop("page", None) or teams.standings_page(session)
     context = {
-        "standings": teams.standings(session),
+        "standings": page.entries,
+        "page": page,
+        "limit": extra.pop("limit", teams.TEAMS_LIMIT),
         "mine": teams.team_of(session, user) if user is not None else None,
         "values": {},
         "errors": {},
@@ -30,8 +35,18 @@ def _list(request: Request, session: DB, user: Any, web: Any, **extra: Any) -> R
 
 
 @router.get("/teams")
-def teams_page(request: Request, session: DB, user: PageUser, web: WebSess) -> Response:
-    return _list(request, session, user, web)
+def teams_page(
+    request: Request,
+    session: DB,
+    user: PageUser,
+    web: WebSess,
+    limit: Limit = teams.TEAMS_LIMIT,
+    cursor: After = None,
+    before: Before = None,
+) -> Response:
+    """A page of the standings (as ``GET /api/teams``), with links to the next and previous pages."""
+    page = standings_page(limit, cursor, before, session)
+    return _list(request, session, user, web, page=page, limit=limit)
 
 
 @router.post("/teams", dependencies=[CSRF, limited("team-create")])
@@ -55,6 +70,11 @@ async def create_team(
 
 @router.get("/teams/{slug}")
 def team_page(request: Request, slug: str, session: DB, user: PageUser, web: WebSess) -> Response:
+    return _team(request, slug, session, user, web)
+
+
+def _team(request: Request, slug: str, session: DB, user: Any, web: Any, **extra: Any) -> Response:
+    status_code = extra.pop("status_code", 200)
     team = teams.get(session, slug)
     row = teams.membership(session, user) if user is not None else None
     context = {
@@ -63,8 +83,13 @@ def team_page(request: Request, slug: str, session: DB, user: PageUser, web: Web
         "elsewhere": row is not None and row.team_id != team.id,
         "can_manage": teams.can_manage(session, team, user),
         "is_founder": user is not None and user.id == team.founder_id,
+        "can_rename": teams.can_rename(team, user),
+        "can_remove": teams.can_remove(user),
+        "values": {},
+        "errors": {},
+        **extra,
     }
-    return render(request, "team.html", context, user=user, web=web)
+    return render(request, "team.html", context, user=user, web=web, status_code=status_code)
 
 
 @router.post("/teams/{slug}/join", dependencies=[CSRF])
@@ -88,8 +113,33 @@ def promote_member(slug: str, username: str, session: DB, user: RequiredPageUser
     return see_other(teams.team_path(team.name))
 
 
-# Defined last: the CSRF test posts every form in order, and leaving may end the team the others act on.
+@router.post("/teams/{slug}/rename", dependencies=[CSRF])
+async def rename_team(request: Request, slug: str, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
+    """Moderation (the founder or a hub administrator): a new name, checked as at creation; errors inline."""
+    team = teams.get(session, slug)
+    teams.check_rename(team, user)  # a 403 page before any look at the form
+    form = await request.form()
+    values = {"name": str(form.get("name", ""))}
+    try:
+        data = teams.TeamName.model_validate(values)
+        teams.rename(session, user, team, data)
+    except ValidationError as exc:
+        return _team(request, slug, session, user, web, values=values, errors=form_errors(exc), status_code=422)
+    except AppError as exc:
+        errors = {exc.field or "form": exc.message}
+        return _team(request, slug, session, user, web, values=values, errors=errors, status_code=exc.status_code)
+    return see_other(teams.team_path(team.name))
+
+
+# Defined last: the CSRF test posts every form in order, and leaving or removing may end the team the others act on.
 @router.post("/teams/{slug}/leave", dependencies=[CSRF])
 def leave_team(slug: str, session: DB, user: RequiredPageUser) -> Response:
     teams.leave(session, user, teams.get(session, slug))
+    return see_other("/teams")
+
+
+@router.post("/teams/{slug}/remove", dependencies=[CSRF])
+def remove_team(slug: str, session: DB, user: RequiredPageUser) -> Response:
+    """Moderation (a hub administrator): the team and its memberships go; the members' samples stay theirs."""
+    teams.remove_team(session, user, teams.get(session, slug))
     return see_other("/teams")

@@ -1,23 +1,73 @@
-"""JSON about teams: the hub-wide standings, one team, an experiment's teams; creating, joining and leaving a team,
-and a team's founder and admins managing its members. Changes need a bearer token (a volunteer token is enough:
-teams change no experiment)."""
+"""JSON about teams: the hub-wide standings (in pages), one team, an experiment's teams; creating, joining and
+leaving a team, a team's founder and admins managing its members, renaming and removing a team (moderation), and
+the open statistics export of every team (``/api/stats/teams.json`` and ``.csv``). Changes need a bearer token (a
+volunteer token is enough: teams change no experiment)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from typing import Annotated
+from urllib.parse import urlencode
 
-from .. import experiments, quotas, teams
+from fastapi import APIRouter, Query, Request, Response
+
+from .. import experiments, exports, quotas, teams
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser
-from ..errors import documented
+from ..errors import BadRequest, documented
 from ..ratelimit import check_account, limited
 
 router = APIRouter(prefix="/api", tags=["teams"], responses=documented(400, 401, 403, 404, 409, 429))
 
+Limit = Annotated[int, Query(ge=1, le=teams.TEAMS_MAX_LIMIT, description="Teams on the page")]
+After = Annotated[str | None, Query(max_length=200, description="The Next-Cursor of the previous page")]
+Before = Annotated[str | None, Query(max_length=200, description="The Prev-Cursor of the next page")]
 
-@router.get("/teams", response_model=list[teams.TeamSummary])
-def list_teams(session: DB) -> list[teams.TeamSummary]:
-    """Every team, most verified samples first: the sums of its current members' verified samples."""
-    return teams.standings(session)
+
+def standings_page(limit: int, cursor: str | None, before: str | None, session: DB) -> teams.TeamPage:
+    """The page the query asks for: the first, after ``cursor``, or before ``before`` (not both: 400)."""
+    if cursor is not None and before is not None:
+        raise BadRequest("give cursor or before, not both", field="before")
+    after = teams.TeamCursor.decode(cursor) if cursor is not None else None
+    ahead = teams.TeamCursor.decode(before, "before") if before is not None else None
+    return teams.standings_page(session, limit, after=after, before=ahead)
+
+
+@router.get(
+    "/teams",
+    response_model=list[teams.TeamSummary],
+    responses={
+        200: {
+            "headers": {
+                "Next-Cursor": {"description": "Pass as ?cursor= for the next page; absent on the last page"},
+                "Prev-Cursor": {"description": "Pass as ?before= for the previous page; absent on the first page"},
+                "Link": {"description": 'The next and previous pages\' addresses, rel="next" and rel="prev"'},
+            }
+        }
+    },
+)
+def list_teams(
+    session: DB,
+    request: Request,
+    response: Response,
+    limit: Limit = teams.TEAMS_LIMIT,
+    cursor: After = None,
+    before: Before = None,
+) -> list[teams.TeamSummary]:
+    """A page of the teams, most verified samples first: the sums of their current members' verified samples;
+    ``rank`` is the place in the whole standings. Page on with the ``Next-Cursor`` header (back with
+    ``Prev-Cursor``), as the leaderboard pages."""
+    page = standings_page(limit, cursor, before, session)
+    links = []
+    for header, param, value, rel in (
+        ("Next-Cursor", "cursor", page.next_cursor, "next"),
+        ("Prev-Cursor", "before", page.prev_cursor, "prev"),
+    ):
+        if value is not None:
+            # Headers, not fields: the body stays the list that scripts already read.
+            response.headers[header] = value
+            links.append(f'<{request.url.path}?{urlencode({"limit": limit, param: value})}>; rel="{rel}"')
+    if links:
+        response.headers["Link"] = ", ".join(links)
+    return page.entries
 
 
 @router.post("/teams", response_model=teams.TeamPublic, status_code=201, dependencies=[limited("team-create")])
@@ -65,6 +115,51 @@ def promote_member(slug: str, body: teams.MemberAction, session: DB, user: Curre
     """The founder or an admin makes a member an admin; 403 for anyone else."""
     teams.promote(session, user, teams.get(session, slug), body.username)
     return Response(status_code=204)
+
+
+@router.post("/teams/{slug}/rename", response_model=teams.TeamPublic)
+def rename_team(slug: str, body: teams.TeamName, session: DB, user: CurrentUser) -> teams.TeamPublic:
+    """Give the team a new name (and so a new address): its founder or a hub administrator; 403 for anyone else
+    (the team's admins included), 409 for a name taken whatever the case. The same name rules as at creation."""
+    team = teams.rename(session, user, teams.get(session, slug), body)
+    return teams.detail(session, team.name)
+
+
+@router.delete("/teams/{slug}", status_code=204)
+def remove_team(slug: str, session: DB, user: CurrentUser) -> Response:
+    """Remove the team and its memberships: a hub administrator only (403 for anyone else, its founder
+    included). The members' verified samples stay theirs."""
+    teams.remove_team(session, user, teams.get(session, slug))
+    return Response(status_code=204)
+
+
+@router.get(
+    "/stats/teams.json",
+    response_class=Response,
+    responses={
+        **exports.RESPONSES,
+        200: {**exports.RESPONSES[200], "model": teams.TeamStats, "description": "Every team"},
+    },
+)
+def team_stats_json(request: Request, session: DB) -> Response:
+    """Every team as the standings count it: members (named where their profile is visible), verified samples
+    hub-wide and per public experiment with its share and rank there. Gzipped when the client accepts it;
+    rebuilt at most every ``SWARMHUB_STATS_CACHE_SECONDS`` (per server process)."""
+    return exports.serve(request, request.app.state.team_stats.get(session, "json"))
+
+
+@router.get(
+    "/stats/teams.csv",
+    response_class=Response,
+    responses=exports.csv_responses(
+        "team,experiment,rank,members,verified_samples,share: per team a hub-wide row (experiment and share "
+        "empty), then a row per public experiment it helped"
+    ),
+)
+def team_stats_csv(request: Request, session: DB) -> Response:
+    """The JSON export's figures as CSV (RFC 4180, a header row first; no member names). A text cell that a
+    spreadsheet would run as a formula is prefixed with ``'``."""
+    return exports.serve(request, request.app.state.team_stats.get(session, "csv"))
 
 
 @router.get("/experiments/{slug}/teams", response_model=list[teams.ExperimentTeamRow])

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from sqlalchemy.orm import Session
 
 from .. import exports, volunteers
 from ..deps import DB
@@ -19,25 +18,6 @@ def user_profile(username: str, session: DB) -> volunteers.VolunteerProfile:
     time online, device classes, and their verified samples over time. 404 for a name no one has and for a hidden
     profile alike."""
     return volunteers.profile(session, username)
-
-
-class StatsExport:
-    """The export's bodies, JSON and CSV, made from one read so that they agree; rebuilt at most every ``seconds``
-    seconds in this process."""
-
-    def __init__(self, seconds: float):
-        self._kept = exports.Kept(seconds)
-
-    def get(self, session: Session, kind: str) -> exports.Encoded:
-        def build() -> dict[str, exports.Encoded]:
-            data = volunteers.stats(session)
-            return {
-                "json": exports.Encoded.of(data.model_dump_json().encode(), exports.JSON),
-                "csv": exports.Encoded.of(volunteers.stats_csv(data).encode(), exports.CSV),
-            }
-
-        bodies: dict[str, exports.Encoded] = self._kept.get(build)
-        return bodies[kind]
 
 
 @router.get(

@@ -1,5 +1,7 @@
 """In real Chromium: a team's name on the dashboard's Teams table leads to the team's page, which shows a hostile
-name and description as the text they are (no markup, no script), with its members' verified samples."""
+name and description as the text they are (no markup, no script), with its members' verified samples; the page's
+moderation controls show to whom they serve (rename: the founder and hub administrators; remove: administrators)
+and work as forms."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from playwright.sync_api import expect
 
 from swarmhub.server.models import Team, TeamMember, User, utcnow
 
-from ..conftest import LiveServer, make_experiment, make_user
+from ..conftest import PASSWORD, LiveServer, make_experiment, make_user
 from ..support import observe, witness
 from .conftest import ARTIFACTS, browser_app
 
@@ -29,6 +31,7 @@ def server(tmp_path: Path):
         db = app.state.sessionmaker
         olga = make_user(db, "olga")
         ada = make_user(db, "ada")
+        make_user(db, "vic")
         with db.begin() as session:
             # The create route refuses such a name; one stored by an older rule or by an operator must still be text.
             team = Team(name=PAYLOAD, description=DESCRIPTION, founder_id=ada.id, creator_id=ada.id)
@@ -73,3 +76,40 @@ def test_dashboard_team_table_links_to_a_team_page_that_shows_markup_as_text(ser
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "teams.png"), full_page=True)
     assert dialogs == []
+
+
+def log_in(page, base: str, username: str) -> None:
+    page.context.clear_cookies()
+    page.goto(f"{base}/login")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page).not_to_have_url(f"{base}/login")
+
+
+def test_moderation_controls_show_to_administrators_and_the_founder_only(server, page):
+    base = server.url
+    team_url = f"{base}/teams/{quote(PAYLOAD, safe='')}"
+    page.goto(team_url)  # a visitor
+    expect(page.locator("#team")).to_be_visible()
+    expect(page.locator("#moderation")).to_have_count(0)
+    log_in(page, base, "vic")  # signed in, in no team
+    page.goto(team_url)
+    expect(page.locator("#join")).to_be_visible()
+    expect(page.locator("#moderation")).to_have_count(0)
+    log_in(page, base, "ada")  # the founder renames, never removes
+    page.goto(team_url)
+    expect(page.locator("#rename-team")).to_be_visible()
+    expect(page.locator("#remove-team")).to_have_count(0)
+
+    log_in(page, base, "olga")  # the hub's administrator (the first account)
+    page.goto(team_url)
+    expect(page.locator("#remove-team")).to_be_visible()
+    page.fill("#rename-team input[name=name]", "calm")
+    page.click("#rename-team button[type=submit]")
+    expect(page).to_have_url(f"{base}/teams/calm")
+    expect(page.locator("h1")).to_have_text("calm")
+    expect(page.locator("#members tr[data-username=ada]")).to_have_count(1)
+    page.click("#remove-team button")
+    expect(page).to_have_url(f"{base}/teams")
+    expect(page.locator("#teams tr.empty")).to_have_count(1)
