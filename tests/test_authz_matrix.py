@@ -1,6 +1,6 @@
 """Who may change what, and read what only organizers may: every state-changing route (and the organizer's swarm
-view) against every role (anonymous, volunteer, organizer of
-another experiment, the experiment's organizer, an administrator). Only the right ones succeed; the others
+view, and the signed-in caller's own list of joinable experiments) against every role (anonymous, volunteer,
+organizer of another experiment, the experiment's organizer, an administrator). Only the right ones succeed; the others
 get 401 (anonymous, API) or a redirect to the log-in page (anonymous, pages), 403 otherwise, and change nothing."""
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ API_ROUTES: list[tuple[str, str, str, dict[str, Any] | None, set[str]]] = [
     ("swarm-token", "POST", "/api/experiments/target/swarm-token", {"peer_public_key": PEER_KEY}, SIGNED_IN),
     ("probe-upload", "POST", "/api/probe/upload", None, SIGNED_IN),
     ("revoke-own-token", "DELETE", "/api/auth/token", None, SIGNED_IN),
+    ("joinable", "GET", "/api/me/joinable", None, SIGNED_IN),  # a read, but it depends on who asks
 ]
 PAGE_ROUTES: list[tuple[str, str, dict[str, str], set[str]]] = [
     ("edit", "/experiments/target/edit", {"title": "Taken over", "task": "digits"}, MANAGERS),

@@ -42,6 +42,7 @@ def test_api_never_fails_or_breaks_its_schema(app, client, db):
         checked.append(label)
     assert "POST /api/experiments" in checked and "GET /api/experiments/{slug}/leaderboard" in checked
     assert "GET /api/experiments/{slug}/swarm" in checked
+    assert "GET /api/me/joinable" in checked
     assert {"GET /api/users/{username}", "GET /api/stats/volunteers.json", "GET /api/stats/volunteers.csv"} <= set(
         checked
     )

@@ -1,6 +1,7 @@
 """The background worker: the systemd unit and launchd plist it installs, the limits in config.toml, the checks
 behind them (hours, battery on a fake sysfs tree, other programs' CPU load on a fake /proc tree), and the runner's
-decisions driving a real child process that stands in for `swarmhub join`.
+decisions driving a real child process that stands in for `swarmhub join`: which experiment it runs (the list in
+order, shares of the running time, or `--any`'s most needed one, listed by a real server).
 
 The clock and the machine's power supply are the outside boundaries replaced here; the runner, the checks and the
 commands are the real ones. `systemctl --user` is used for real only where a user service manager answers.
@@ -14,17 +15,22 @@ import plistlib
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
+from swarmhub.server import experiments
+from swarmhub.server.metrics.common import current_time
 from swarmhub.worker.cli import main
 from swarmhub.worker.client import ExitCode
 from swarmhub.worker.limits import CpuSampler, Hours, ServiceConfig, on_battery_linux, on_battery_macos
 from swarmhub.worker.runner import Conditions, Runner, read_state
+from swarmhub.worker.service_cli import joinable_fetcher
 from swarmhub.worker.service_units import (
     ServiceManager,
     launchd_plist,
@@ -34,7 +40,11 @@ from swarmhub.worker.service_units import (
 )
 from swarmhub.worker.settings import WorkerSettings
 
+from .conftest import LiveServer, make_experiment, make_user
+from .test_cli_server import token_for
+
 TOKEN = "shh-service-secret-token"
+NOON = datetime(2026, 12, 2, 12, 0)
 
 
 @pytest.fixture
@@ -153,6 +163,15 @@ def test_systemctl_enables_and_disables_the_installed_unit(home: Path) -> None:
         ('experiments = ["Not A Slug"]', "experiments"),
         ('pause_on_battery = "sometimes"', "pause_on_battery"),
         ("cpu_thread = 2", "cpu_thread"),
+        ('experiments = [{slug = "alpha", share = 0}]', "experiments[0].share"),
+        ('experiments = ["beta", {slug = "alpha", share = -1}]', "experiments[1].share"),
+        ('experiments = [{slug = "alpha", share = "3"}]', "experiments[0].share"),
+        ('experiments = [{slug = "alpha", share = true}]', "experiments[0].share"),
+        ('experiments = [{slug = "alpha", weight = 3}]', "weight"),
+        ('experiments = "everything"', "experiments"),
+        ("share_period_minutes = 0", "share_period_minutes"),
+        ('share_period_minutes = "hourly"', "share_period_minutes"),
+        ('any = "yes please"', "any"),
     ],
 )
 def test_a_bad_value_in_config_toml_is_one_line_naming_the_key(home: Path, toml: str, key: str) -> None:
@@ -163,6 +182,32 @@ def test_a_bad_value_in_config_toml_is_one_line_naming_the_key(home: Path, toml:
     assert len(lines) == 1 and lines[0].startswith(f"Error: {path}: ")
     assert repr(key) in lines[0] or f"invalid {key}:" in lines[0]
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("toml", "says"),
+    [
+        ('experiments = [{slug = "alpha", share = 0}]', "set it to a number above 0, e.g. 3"),
+        ('experiments = [{slug = "alpha", weight = 3}]', "remove it (an entry takes slug and share)"),
+        ('experiments = ["alpha"]\nany = true', 'set either experiments = [...] or any = true (experiments = "any")'),
+        ('experiments = ["alpha", {slug = "alpha", share = 2}]', "lists 'alpha' twice: keep one entry"),
+    ],
+)
+def test_shares_and_any_say_what_to_do_when_wrong(home: Path, toml: str, says: str) -> None:
+    path = write_config(home, toml + "\n")
+    result = CliRunner().invoke(main, ["run-service"], env={"SWARMHUB_TOKEN": TOKEN})
+    assert result.exit_code == ExitCode.USAGE
+    assert result.output.count("\n") == 1 and result.output.startswith(f"Error: {path}: ")
+    assert says in result.output
+
+
+def test_the_ways_of_choosing_read_from_config_toml() -> None:
+    plain = ServiceConfig.model_validate({"experiments": ["alpha", "beta"]})
+    assert (plain.slugs, plain.shares, plain.any) == (["alpha", "beta"], None, False)
+    shared = ServiceConfig.model_validate({"experiments": [{"slug": "alpha", "share": 3}, "beta"]})
+    assert shared.shares == [("alpha", 3.0), ("beta", 1.0)] and shared.share_period_minutes == 60
+    assert ServiceConfig.model_validate({"experiments": "any"}).any
+    assert ServiceConfig.model_validate({"any": True}).slugs == []
 
 
 def test_broken_toml_and_a_missing_experiment_say_what_to_do(home: Path) -> None:
@@ -264,6 +309,7 @@ signal.signal(signal.SIGTERM, leave)
 note("started")
 if mode.startswith("exit"):
     sys.exit(int(mode[4:]))
+server = mode[len("follow="):] if mode.startswith("follow=") else None
 now = datetime.now(timezone.utc).isoformat()
 record = dict(experiment=slug, step=7, samples=224, samples_per_second=31.5, loss=2.25, peers=2,
               unacked_reports=0, last_ack_at=now, updated_at=now)
@@ -272,6 +318,12 @@ with open(progress + ".tmp", "w") as f:
 os.replace(progress + ".tmp", progress)
 while True:
     time.sleep(0.1)
+    if server:  # as a real join does: exit 6 once the experiment stops running
+        import urllib.request
+        with urllib.request.urlopen(f"{server}/api/experiments/{slug}") as answer:
+            if json.load(answer)["status"] != "running":
+                note("not-accepting")
+                sys.exit(6)
 """
 
 
@@ -314,7 +366,8 @@ def events(log: Path) -> list[tuple[str, str, int]]:
 
 @pytest.fixture
 def stand_in(tmp_path: Path) -> Iterator[StandIn]:
-    """The child command: the stand-in script, with a per-experiment mode ("run", "exit1", "exit6")."""
+    """The child command: the stand-in script, with a per-experiment mode ("run", "exit1", "exit6", or
+    "follow=URL": run until the server at URL says the experiment no longer runs, then exit 6)."""
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     log = tmp_path / "children.log"
@@ -326,34 +379,44 @@ def stand_in(tmp_path: Path) -> Iterator[StandIn]:
     yield log, modes, command
 
 
+MakeRunner = Callable[..., Runner]
+
+
 @pytest.fixture
-def runners() -> Iterator[list[Runner]]:
+def make_runner(home: Path, stand_in: StandIn) -> Iterator[MakeRunner]:
+    """``make_runner(config, **options)``: a Runner on the stand-in child, with a fake clock at noon and the
+    config's own conditions unless given; every runner made is closed after the test (no child left behind)."""
     made: list[Runner] = []
-    yield made
-    for runner in made:  # leave no child behind, whatever the test did
+
+    def make(config: ServiceConfig, **options: object) -> Runner:
+        options.setdefault("clock", FakeClock(NOON))
+        options.setdefault("conditions", Conditions(config))
+        runner = Runner(config, home / "state" / "service", command=stand_in[2], **options)  # type: ignore[arg-type]
+        made.append(runner)
+        return runner
+
+    yield make
+    for runner in made:
         runner.close()
 
 
+def wait_started(log: Path, runner: Runner) -> None:
+    """Until the running child has noted its start (its signal handlers are in place: it may be stopped now)."""
+    child = runner.child
+    assert child is not None
+    wait_for(lambda: ("started", runner.experiment, child.pid) in events(log), f"{runner.experiment}'s start")
+
+
 def test_the_runner_pauses_on_battery_and_outside_the_hours_and_resumes_when_they_clear(
-    home: Path,
-    tmp_path: Path,
-    stand_in: StandIn,
-    runners: list[Runner],
+    tmp_path: Path, stand_in: StandIn, make_runner: MakeRunner
 ) -> None:
-    log, _, command = stand_in
+    log, _, _ = stand_in
     power = power_tree(tmp_path / "power", mains=True, battery="Charging")
     config = ServiceConfig(experiments=["alpha"], hours="22:00-07:00", pause_on_battery=True)
     clock = FakeClock(datetime(2026, 12, 2, 23, 0))
-    state_dir = home / "state" / "service"
-    runner = Runner(
-        config,
-        state_dir,
-        command=command,
-        conditions=Conditions(config, battery=lambda: on_battery_linux(power)),
-        clock=clock,
-        settle=30.0,
+    runner = make_runner(
+        config, conditions=Conditions(config, battery=lambda: on_battery_linux(power)), clock=clock, settle=30.0
     )
-    runners.append(runner)
 
     assert runner.tick().state == "running"
     wait_for(lambda: runner.progress_path.exists(), "the child's progress")
@@ -397,20 +460,11 @@ def test_the_runner_pauses_on_battery_and_outside_the_hours_and_resumes_when_the
     assert saved is not None and saved.state == "stopped"
 
 
-def test_a_crashing_join_restarts_with_growing_backoff(home: Path, stand_in: StandIn, runners: list[Runner]) -> None:
-    log, modes, command = stand_in
+def test_a_crashing_join_restarts_with_growing_backoff(stand_in: StandIn, make_runner: MakeRunner) -> None:
+    log, modes, _ = stand_in
     modes["alpha"] = "exit1"
-    config = ServiceConfig(experiments=["alpha"], pause_on_battery=False)
-    clock = FakeClock(datetime(2026, 12, 2, 12, 0))
-    runner = Runner(
-        config,
-        home / "state" / "service",
-        command=command,
-        conditions=Conditions(config),
-        clock=clock,
-        backoff_first=5.0,
-    )
-    runners.append(runner)
+    clock = FakeClock(NOON)
+    runner = make_runner(ServiceConfig(experiments=["alpha"], pause_on_battery=False), clock=clock, backoff_first=5.0)
 
     def crash() -> None:
         child = runner.child
@@ -442,19 +496,11 @@ def test_a_crashing_join_restarts_with_growing_backoff(home: Path, stand_in: Sta
 
 
 def test_an_experiment_that_stops_accepting_volunteers_hands_over_to_the_next(
-    home: Path, stand_in: StandIn, runners: list[Runner]
+    stand_in: StandIn, make_runner: MakeRunner
 ) -> None:
-    log, modes, command = stand_in
+    log, modes, _ = stand_in
     modes["alpha"] = f"exit{int(ExitCode.NOT_ACCEPTING)}"
-    config = ServiceConfig(experiments=["alpha", "beta"], pause_on_battery=False)
-    runner = Runner(
-        config,
-        home / "state" / "service",
-        command=command,
-        conditions=Conditions(config),
-        clock=FakeClock(datetime(2026, 12, 2, 12, 0)),
-    )
-    runners.append(runner)
+    runner = make_runner(ServiceConfig(experiments=["alpha", "beta"], pause_on_battery=False))
     runner.tick()
     assert runner.child is not None
     runner.child.wait(20)
@@ -560,18 +606,10 @@ def test_the_gpu_memory_fraction_caps_what_training_may_allocate() -> None:
         torch.cuda.empty_cache()
 
 
-def test_the_status_says_what_a_joins_exit_code_means(home: Path, stand_in: StandIn, runners: list[Runner]) -> None:
-    _, modes, command = stand_in
+def test_the_status_says_what_a_joins_exit_code_means(stand_in: StandIn, make_runner: MakeRunner) -> None:
+    _, modes, _ = stand_in
     modes["alpha"] = f"exit{int(ExitCode.AUTH)}"
-    config = ServiceConfig(experiments=["alpha"], pause_on_battery=False)
-    runner = Runner(
-        config,
-        home / "state" / "service",
-        command=command,
-        conditions=Conditions(config),
-        clock=FakeClock(datetime(2026, 12, 2, 12, 0)),
-    )
-    runners.append(runner)
+    runner = make_runner(ServiceConfig(experiments=["alpha"], pause_on_battery=False))
     runner.tick()
     assert runner.child is not None
     runner.child.wait(20)
@@ -580,3 +618,186 @@ def test_the_status_says_what_a_joins_exit_code_means(home: Path, stand_in: Stan
     assert "state: waiting: restarting alpha in 5 s after exit code 3 (not logged in or token rejected: run " in (
         result.output
     )
+
+
+# -- choosing the experiment: shares of the running time, and --any's most needed -------------------------------
+
+
+def test_shares_split_the_running_time_in_proportion_with_clean_switches(
+    stand_in: StandIn, make_runner: MakeRunner
+) -> None:
+    log, _, _ = stand_in
+    config = ServiceConfig.model_validate(
+        {"experiments": [{"slug": "alpha", "share": 3}, "beta"], "share_period_minutes": 60, "pause_on_battery": False}
+    )
+    clock = FakeClock(NOON)
+    runner = make_runner(config, clock=clock)
+    minutes: Counter[str] = Counter()
+    for minute in range(4 * 60):  # four rounds, a check a minute
+        state = runner.tick()
+        assert state.state == "running" and state.experiment is not None
+        minutes[state.experiment] += 1
+        wait_started(log, runner)
+        if minute == 15:
+            result = CliRunner().invoke(main, ["service", "status"])
+            assert "experiment: alpha\n" in result.output
+            assert "chosen: share slice: share 3 of 4, 45 of every 60 minutes; 30.0 min of this slice left" in (
+                result.output
+            )
+        clock.advance(60)
+    assert minutes == {"alpha": 180, "beta": 60}  # 3 : 1
+    seen = [(event, slug) for event, slug, _ in events(log)]
+    # every switch is join's clean leave (SIGINT: the spool keeps what the server has not acknowledged)
+    round_trip = [("started", "alpha"), ("left-SIGINT", "alpha"), ("started", "beta"), ("left-SIGINT", "beta")]
+    assert seen == round_trip * 3 + round_trip[:3]
+    assert runner.restarts == 0  # a switch is not a crash
+
+
+def test_a_share_counts_running_time_only_not_a_pause(
+    tmp_path: Path, stand_in: StandIn, make_runner: MakeRunner
+) -> None:
+    log, _, _ = stand_in
+    power = power_tree(tmp_path / "power", mains=True, battery=None)
+    config = ServiceConfig.model_validate(
+        {"experiments": [{"slug": "alpha", "share": 1}, {"slug": "beta", "share": 1}], "share_period_minutes": 20}
+    )
+    clock = FakeClock(NOON)
+    runner = make_runner(config, clock=clock, conditions=Conditions(config, battery=lambda: on_battery_linux(power)))
+    assert runner.tick().experiment == "alpha"
+    wait_started(log, runner)
+    clock.advance(4 * 60)
+    power_tree(power, mains=False, battery="Discharging")
+    assert runner.tick().state == "paused"
+    clock.advance(60 * 60)  # an hour on battery
+    power_tree(power, mains=True, battery="Charging")
+    runner.settle = 0
+    state = runner.tick()
+    assert (state.state, state.experiment) == ("running", "alpha")  # 6 of its 10 minutes are still to run
+    wait_started(log, runner)
+    clock.advance(5 * 60)
+    assert runner.tick().experiment == "alpha"
+    clock.advance(60)
+    assert runner.tick().experiment == "beta"
+
+
+@pytest.fixture
+def hub(app, db) -> Iterator[LiveServer]:
+    """A real server (in a thread) with two running experiments that vera may join, "crowded" with one peer
+    online and "quiet" with none, and a private one with no peers that she may not join."""
+    olga, vera, pia = (make_user(db, name) for name in ("olga", "vera", "pia"))
+    for slug in ("crowded", "quiet"):
+        make_experiment(db, olga, slug=slug, status="running")
+    make_experiment(db, olga, slug="private-run", status="running", join_policy="invite")
+    with db.begin() as session:
+        crowded = experiments.get_visible(session, "crowded", None)
+        experiments.start_worker_run(session, crowded, session.merge(pia), "cpu").last_seen_at = current_time()
+    assert vera.username == "vera"
+    with LiveServer(app) as server:
+        yield server
+
+
+def test_any_joins_the_most_needed_experiment_and_moves_when_it_finishes(
+    home: Path, stand_in: StandIn, make_runner: MakeRunner, hub: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log, modes, _ = stand_in
+    for slug in ("crowded", "quiet", "private-run"):
+        modes[slug] = f"follow={hub.url}"
+    monkeypatch.setenv("SWARMHUB_SERVER", hub.url)
+    monkeypatch.setenv("SWARMHUB_TOKEN", token_for(hub.url, "vera"))
+    config = ServiceConfig(any=True, pause_on_battery=False)
+    runner = make_runner(config, fetch=joinable_fetcher(WorkerSettings(), insecure=False), recheck=30.0)
+
+    state = runner.tick()
+    assert (state.state, state.experiment) == ("running", "quiet")  # no peer online, and vera may join it
+    assert state.chosen == "most needed of the 2 you may join: 0 peers online (need 1.00)"
+    wait_started(log, runner)
+    result = CliRunner().invoke(main, ["service", "status"])
+    assert "experiment: quiet\nchosen: most needed of the 2 you may join: 0 peers online" in result.output
+
+    organizer = {"Authorization": f"Bearer {token_for(hub.url, 'olga')}"}
+    finish = httpx.post(f"{hub.url}/api/experiments/quiet/status", json={"action": "finish"}, headers=organizer)
+    assert finish.status_code == 200, finish.text
+    first = runner.child
+    assert first is not None and first.wait(20) == ExitCode.NOT_ACCEPTING
+    state = runner.tick()
+    assert (state.state, state.experiment) == ("running", "crowded")  # at once: the next most needed
+    assert state.chosen == "most needed of the 1 you may join: 1 peer online (need 0.50)"
+    wait_started(log, runner)
+
+    finish = httpx.post(f"{hub.url}/api/experiments/crowded/status", json={"action": "finish"}, headers=organizer)
+    assert finish.status_code == 200, finish.text
+    second = runner.child
+    assert second is not None and second.wait(20) == ExitCode.NOT_ACCEPTING
+    state = runner.tick()
+    assert state.state == "waiting" and runner.child is None
+    assert state.reason == "no running experiment you may join: asking the server again shortly"
+    assert [(event, slug) for event, slug, _ in events(log)] == [
+        ("started", "quiet"),
+        ("not-accepting", "quiet"),
+        ("started", "crowded"),
+        ("not-accepting", "crowded"),
+    ]  # never the private experiment, though it had no peer at all
+
+
+def test_any_waits_and_says_why_when_the_server_cannot_list(
+    home: Path, make_runner: MakeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SWARMHUB_SERVER", "http://127.0.0.1:9")
+    monkeypatch.setenv("SWARMHUB_TOKEN", TOKEN)
+    clock = FakeClock(NOON)
+    config = ServiceConfig(any=True, pause_on_battery=False)
+    runner = make_runner(config, clock=clock, fetch=joinable_fetcher(WorkerSettings(), insecure=False), recheck=30.0)
+    state = runner.tick()
+    assert state.state == "waiting" and runner.child is None
+    assert (state.reason or "").startswith("cannot list the experiments you may join: Cannot reach http://127.0.0.1:9")
+    clock.advance(10)
+    assert runner.tick().reason == state.reason  # not asked again before the recheck
+    assert read_state(runner.state_path) is not None
+
+
+def test_join_any_refuses_a_slug_or_a_limit_of_one_experiment(home: Path) -> None:
+    runner = CliRunner()
+    env = {"SWARMHUB_TOKEN": TOKEN, "SWARMHUB_SERVER": "http://127.0.0.1:9"}
+    both = runner.invoke(main, ["join", "alpha", "--any"], env=env)
+    assert both.exit_code == ExitCode.USAGE and both.output.startswith("Error: Give either SLUG or --any")
+    steps = runner.invoke(main, ["join", "--any", "--max-steps", "5"], env=env)
+    assert steps.exit_code == ExitCode.USAGE and "with --any, stop with Ctrl-C" in steps.output
+    neither = runner.invoke(main, ["join"], env=env)
+    assert neither.exit_code == ExitCode.USAGE and "`swarmhub join --any`" in neither.output
+    logged_out = runner.invoke(main, ["join", "--any"], env={"SWARMHUB_SERVER": "http://127.0.0.1:9"})
+    assert logged_out.exit_code == ExitCode.AUTH and "Not logged in" in logged_out.output
+
+
+def test_join_any_runs_a_real_join_of_the_most_needed_and_leaves_cleanly_on_ctrl_c(
+    home: Path, tmp_path: Path, hub: LiveServer
+) -> None:
+    """The real `swarmhub join --any` and the real `join` it starts: this server runs no swarm, so the join waits
+    for one (as for a swarm that is starting) until Ctrl-C, which reaches it through `--any` and leaves nothing."""
+    import subprocess
+
+    from .processes import SWARMHUB, descendants, outlived
+
+    env = {**os.environ, "SWARMHUB_SERVER": hub.url, "SWARMHUB_TOKEN": token_for(hub.url, "vera")}
+    log = tmp_path / "join-any.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [*SWARMHUB, "join", "--any", "--device", "cpu", "--listen", "/ip4/127.0.0.1/tcp/0"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(lambda: "joining quiet: most needed of the 2 you may join" in log.read_text(), "the choice", 60)
+            wait_for(lambda: bool(descendants(process)), "the join it starts", 60)
+            children = descendants(process)
+            time.sleep(1.0)  # the join is past its start-up and asking the server
+            process.send_signal(signal.SIGINT)
+            code = process.wait(90)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    output = log.read_text()
+    assert code == ExitCode.INTERRUPTED, output[-2000:]
+    assert "Traceback" not in output and "private-run" not in output
+    assert "join quiet --progress-file" in output and "--device cpu" in output  # join's options reach the join
+    assert not outlived(children)

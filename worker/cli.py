@@ -8,7 +8,9 @@ wrappers around ``swarmhub.server.cli`` (the ``[server]`` extra), imported only 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -27,8 +29,10 @@ from .credentials import (
     store_credentials,
 )
 from .joining import join_and_train
+from .limits import ServiceConfig
 from .login import device_flow
 from .protocol import SLUG_RE
+from .runner import Conditions, Runner, join_command
 from .session import DEFAULT_LISTEN
 from .settings import WorkerSettings
 from .transport import insecure_option, require_encryption
@@ -205,7 +209,14 @@ def experiments(insecure: bool) -> None:
 
 
 @main.command()
-@click.argument("slug")
+@click.argument("slug", required=False)
+@click.option(
+    "--any",
+    "any_experiment",
+    is_flag=True,
+    help="Instead of SLUG: join the experiment that needs peers most among those you may join, and the next "
+    "most needed when it finishes",
+)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--max-steps", type=click.IntRange(min=1), help="Stop after this many local steps")
 @click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True), help="Stop after this long")
@@ -246,7 +257,8 @@ def experiments(insecure: bool) -> None:
 @click.option("--verbose", is_flag=True, help="Show hivemind's logs on the console instead of the log file")
 @insecure_option
 def join(
-    slug: str,
+    slug: str | None,
+    any_experiment: bool,
     device: str,
     max_steps: int | None,
     max_minutes: float | None,
@@ -260,8 +272,26 @@ def join(
     verbose: bool,
     insecure: bool,
 ) -> None:
-    """Join experiment SLUG and train with its swarm until stopped (Ctrl-C leaves cleanly)."""
+    """Join experiment SLUG (or --any) and train with its swarm until stopped (Ctrl-C leaves cleanly)."""
     settings = _settings()
+    if any_experiment:
+        if slug is not None:
+            raise WorkerError(f"Give either SLUG or --any, not both: `swarmhub join {slug}`", ExitCode.USAGE)
+        if max_steps is not None or max_minutes is not None:
+            raise WorkerError(
+                "--max-steps and --max-minutes end one experiment's join: with --any, stop with Ctrl-C",
+                ExitCode.USAGE,
+            )
+        options = ["--device", device, "--precision", precision]
+        options += ["--client-mode"] * client_mode + ["--aux"] * auxiliary + ["--verbose"] * verbose
+        raise click.exceptions.Exit(
+            _join_any(settings, listen, insecure, options, cpu_threads=cpu_threads, gpu_fraction=gpu_memory_fraction)
+        )
+    if slug is None:
+        raise WorkerError(
+            "No experiment given: `swarmhub join SLUG` (see `swarmhub experiments`) or `swarmhub join --any`",
+            ExitCode.USAGE,
+        )
     client, token = _authed_client(settings, insecure)
     if not SLUG_RE.match(slug):
         raise WorkerError(
@@ -285,6 +315,38 @@ def join(
         progress_file=progress_file,
     )
     raise click.exceptions.Exit(code)
+
+
+def _join_any(
+    settings: WorkerSettings,
+    listen: Sequence[str],
+    insecure: bool,
+    options: list[str],
+    *,
+    cpu_threads: int | None,
+    gpu_fraction: float | None,
+) -> int:
+    """``join --any``: the background worker's loop in the foreground, without its limits. It supervises one
+    ``join SLUG`` at a time (the most needed experiment) and moves to the next most needed one when that one stops
+    taking volunteers. Ctrl-C stops the child cleanly, then exits 130 (SIGTERM: 143)."""
+    client, _ = _authed_client(settings, insecure)  # not logged in: one line now, not a loop of failing joins
+    client.close()
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("swarmhub.worker.service").setLevel(logging.INFO)  # which experiment, and why
+    config = ServiceConfig(any=True, pause_on_battery=False, cpu_threads=cpu_threads, gpu_memory_fraction=gpu_fraction)
+    with tempfile.TemporaryDirectory(prefix="swarmhub-join-any-") as folder:
+        runner = Runner(
+            config,
+            Path(folder),
+            command=join_command(config, listen=listen, insecure=insecure, extra=options),
+            conditions=Conditions(config),
+            poll=2.0,
+            fetch=service_cli.joinable_fetcher(settings, insecure),
+        )
+        runner.run()
+    if runner.stopped_by == signal.SIGINT:
+        return ExitCode.INTERRUPTED
+    return ExitCode.TERMINATED if runner.stopped_by == signal.SIGTERM else ExitCode.OK
 
 
 @main.command()

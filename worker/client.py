@@ -31,6 +31,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .. import __version__
+from .choice import JoinableExperiment
 from .protocol import (
     JOIN_REPORT_FIELDS,
     DenyListPublic,
@@ -309,6 +310,12 @@ class ApiClient:
         response = self._send("GET", "/api/experiments", auth=None)
         self._raise_for_status(response)
         return self._parse(TypeAdapter(list[ExperimentSummary]), response)
+
+    def joinable(self) -> list[JoinableExperiment]:
+        """The running experiments this account may join, most needed first (``GET /api/me/joinable``)."""
+        response = self._send("GET", "/api/me/joinable", auth=True)
+        self._raise_for_status(response)
+        return self._parse(TypeAdapter(list[JoinableExperiment]), response)
 
     def experiment(self, slug: str) -> ExperimentDetail:
         response = self._send("GET", f"/api/experiments/{quote(slug, safe='')}", auth=None)

@@ -3,6 +3,11 @@
 ``<config_dir>/config.toml`` (next to ``credentials.json``) holds them; ``run-service`` flags override them:
 
     experiments = ["demo-albert"]      # joined in this order: one that stops accepting volunteers hands over
+    # or shares of the running time, in slices that add up to share_period_minutes (here 45 min, then 15 min):
+    #   experiments = [{slug = "demo-albert", share = 3}, {slug = "demo-digits", share = 1}]
+    #   share_period_minutes = 60
+    # or the experiment that needs peers most among those you may join (`swarmhub join --any`):
+    #   experiments = "any"            # (or: any = true)
     cpu_threads = 2                    # torch.set_num_threads in the training process
     gpu_memory_fraction = 0.5          # torch.cuda.set_per_process_memory_fraction, when CUDA is present
     hours = "22:00-07:00"              # train only within this local-time window (it may cross midnight)
@@ -24,7 +29,7 @@ from datetime import datetime, time
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .client import ExitCode, WorkerError
 from .protocol import SLUG_RE
@@ -68,12 +73,23 @@ class Hours:
         return f"{self.start:%H:%M}-{self.end:%H:%M}"
 
 
+class ExperimentShare(BaseModel):
+    """One entry of ``experiments``: a name (a plain string in the file), and its share of the running time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slug: Annotated[str, Field(pattern=SLUG_RE.pattern)]
+    share: Annotated[float, Field(gt=0, le=1_000_000, strict=True)] | None = None  # strict: "3" or true is refused
+
+
 class ServiceConfig(BaseModel):
     """The volunteer's limits for the background worker; unknown keys are refused (a typo must not be ignored)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    experiments: list[Annotated[str, Field(pattern=SLUG_RE.pattern)]] = Field(default_factory=list)
+    experiments: list[ExperimentShare] = Field(default_factory=list)
+    any: bool = False  # the experiment that needs peers most (``experiments = "any"`` says the same)
+    share_period_minutes: Annotated[float, Field(gt=0, le=10_080)] = 60.0
     cpu_threads: Annotated[int, Field(ge=1, le=1024)] | None = None
     gpu_memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     hours: str | None = None
@@ -88,13 +104,51 @@ class ServiceConfig(BaseModel):
             Hours.parse(value)
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _names_or_any(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            return values
+        listed = values.get("experiments")
+        if listed == "any":
+            return {**values, "experiments": [], "any": True}
+        if isinstance(listed, list):  # a plain name is an entry without a share
+            return {**values, "experiments": [{"slug": e} if isinstance(e, str) else e for e in listed]}
+        return values
+
+    @model_validator(mode="after")
+    def _one_way_to_choose(self) -> ServiceConfig:
+        if self.any and self.experiments:
+            raise ValueError('set either experiments = [...] or any = true (experiments = "any"), not both')
+        seen: set[str] = set()
+        for entry in self.experiments:
+            if entry.slug in seen:
+                raise ValueError(f"experiments lists {entry.slug!r} twice: keep one entry (with its share)")
+            seen.add(entry.slug)
+        return self
+
+    @property
+    def slugs(self) -> list[str]:
+        return [entry.slug for entry in self.experiments]
+
+    @property
+    def shares(self) -> list[tuple[str, float]] | None:
+        """``(slug, share)`` for every experiment when any entry gives a share (1 where one does not); None for a
+        plain list, which is joined in order of preference instead."""
+        if all(entry.share is None for entry in self.experiments):
+            return None
+        return [(entry.slug, entry.share if entry.share is not None else 1.0) for entry in self.experiments]
+
     @property
     def window(self) -> Hours | None:
         return Hours.parse(self.hours) if self.hours else None
 
 
 _HINTS = {
-    "experiments": 'a list of experiment names, e.g. ["demo-albert"] (see `swarmhub experiments`)',
+    "experiments": 'a list of experiment names, e.g. ["demo-albert"] (see `swarmhub experiments`), names with '
+    'shares, e.g. [{slug = "demo-albert", share = 3}, {slug = "demo-digits", share = 1}], or "any"',
+    "any": "true or false (true: join the experiment that needs peers most among those you may join)",
+    "share_period_minutes": "a number of minutes above 0, e.g. 60: one round of every experiment's share",
     "cpu_threads": "a whole number of CPU threads, at least 1",
     "gpu_memory_fraction": "a number above 0 and at most 1, e.g. 0.5",
     "hours": 'a window of local time "HH:MM-HH:MM", e.g. "22:00-07:00"',
@@ -102,6 +156,9 @@ _HINTS = {
     "pause_when_busy": "true or false",
     "busy_threshold": "a share of all CPU time above 0 and below 1, e.g. 0.5",
 }
+
+
+SHARE_HINT = "a number above 0, e.g. 3: the experiment's part of the running time"
 
 
 def config_path(config_dir: Path) -> Path:
@@ -115,7 +172,18 @@ def validate_config(values: dict[str, Any], source: str, *, flags: bool = False)
         return ServiceConfig.model_validate(values)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = str(err["loc"][0]) if err["loc"] else "?"
+        loc = err["loc"]
+        if not loc:  # a rule across keys: its message says what to do
+            raise WorkerError(f"{source}: {err['msg'].removeprefix('Value error, ')}", ExitCode.USAGE) from None
+        field = str(loc[0])
+        if field == "experiments" and len(loc) == 3 and isinstance(loc[1], int) and loc[2] != "slug":
+            entry = f"experiments[{loc[1]}]"  # TOML's own counting starts at 0 too: the first entry is [0]
+            if err["type"] == "extra_forbidden":
+                raise WorkerError(
+                    f"{source}: unknown key {loc[2]!r} in {entry}: remove it (an entry takes slug and share)",
+                    ExitCode.USAGE,
+                ) from None
+            raise WorkerError(f"{source}: invalid {entry}.{loc[2]}: set it to {SHARE_HINT}", ExitCode.USAGE) from None
         hint = _HINTS.get(field, err["msg"])
         key = "--" + field.replace("_", "-") if flags else field
         if err["type"] == "extra_forbidden":

@@ -1,12 +1,16 @@
-"""``swarmhub run-service``: the background worker. It supervises one ``swarmhub join`` child process at a time.
+"""``swarmhub run-service``: the background worker. It supervises one ``swarmhub join`` child process at a time
+(``swarmhub join --any`` runs the same loop in the foreground, without limits).
 
 Each tick (:meth:`Runner.tick`) decides from the volunteer's limits whether training may run now:
 
 - outside the hours, on battery, or while other programs keep the CPU busy, it *pauses*: SIGINT to the child,
   which leaves the swarm cleanly as after Ctrl-C (summary printed, unsent metrics kept in the spool for the next
   join), and it starts the child again once the condition has cleared for ``settle`` seconds;
-- a child that exits on its own is restarted with exponential backoff (reset after a healthy run); an experiment
-  that stops accepting volunteers, is unknown, or removed this volunteer hands over to the next in the list;
+- which experiment runs is a :mod:`.choice`: the list in order, shares of the running time, or the one that needs
+  peers most. An experiment that stops accepting volunteers, is unknown, or removed this volunteer hands over to
+  the next one at once; when a share's slice is used, the child stops as cleanly as for a pause and the next
+  experiment starts;
+- a child that exits on its own is restarted with exponential backoff (reset after a healthy run);
 - every tick writes :class:`ServiceState` to ``<state_dir>/service/state.json``, which ``swarmhub service
   status`` reads. The child writes its progress (step, samples/s, last acknowledged report) to
   ``progress.json`` beside it (``join --progress-file``), and the runner copies it in.
@@ -32,7 +36,8 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from .client import ExitCode
+from .choice import Chooser, InOrder, JoinableExperiment, MostNeeded, NothingToJoin, Pick, Shares
+from .client import ExitCode, WorkerError
 from .limits import CpuSampler, ServiceConfig, on_battery
 
 logger = logging.getLogger("swarmhub.worker.service")
@@ -41,6 +46,7 @@ BACKOFF_FIRST = 5.0
 BACKOFF_MAX = 600.0
 HEALTHY_RUN = 600.0  # a child that ran this long before crashing restarts after the first backoff again
 STOP_GRACE = 90.0  # the child's clean leave: the reporter's flush and hivemind's shutdown
+RECHECK = 60.0  # with nothing to join (or the server unreachable), ask the server again after this long
 # Exit codes about the experiment rather than this machine: the next experiment in the list gets its turn.
 HAND_OVER = {ExitCode.NOT_FOUND, ExitCode.NOT_ACCEPTING, ExitCode.REMOVED}
 # What an exit code of `join` means, for `swarmhub service status` (the join's own line is in the journal).
@@ -75,6 +81,7 @@ class ServiceState(BaseModel):
     state: Literal["running", "paused", "waiting", "stopped"]
     reason: str | None = None
     experiment: str | None = None
+    chosen: str | None = None  # why this experiment: its place in the list, a share's slice, or the most needed
     pid: int | None = None  # the runner's
     restarts: int = 0
     last_exit_code: int | None = None
@@ -142,9 +149,14 @@ class Conditions:
 
 
 def join_command(
-    config: ServiceConfig, executable: list[str] | None = None, listen: Sequence[str] = (), insecure: bool = False
+    config: ServiceConfig,
+    executable: list[str] | None = None,
+    listen: Sequence[str] = (),
+    insecure: bool = False,
+    extra: Sequence[str] = (),
 ) -> Callable[[str, Path], list[str]]:
-    """The child's command line for experiment ``slug``: ``swarmhub join`` with the volunteer's limits."""
+    """The child's command line for experiment ``slug``: ``swarmhub join`` with the volunteer's limits (and
+    ``extra`` options of ``join``)."""
     base = executable or [sys.executable, "-m", "swarmhub.worker.cli"]
 
     def command(slug: str, progress_file: Path) -> list[str]:
@@ -157,9 +169,21 @@ def join_command(
             argv += ["--cpu-threads", str(config.cpu_threads)]
         if config.gpu_memory_fraction is not None:
             argv += ["--gpu-memory-fraction", str(config.gpu_memory_fraction)]
-        return argv
+        return [*argv, *extra]
 
     return command
+
+
+def chooser_for(config: ServiceConfig, fetch: Callable[[], list[JoinableExperiment]] | None = None) -> Chooser:
+    """How ``config`` chooses the experiment; ``fetch`` lists the joinable ones (``any``, see :mod:`.choice`)."""
+    if config.any:
+        if fetch is None:
+            raise ValueError("any = true needs a way to list the joinable experiments")
+        return MostNeeded(fetch)
+    shares = config.shares
+    if shares is not None:
+        return Shares(shares, config.share_period_minutes * 60)
+    return InOrder(config.slugs)
 
 
 class Runner:
@@ -178,11 +202,12 @@ class Runner:
         stop_grace: float = STOP_GRACE,
         backoff_first: float = BACKOFF_FIRST,
         backoff_max: float = BACKOFF_MAX,
+        recheck: float = RECHECK,
         env: dict[str, str] | None = None,
+        fetch: Callable[[], list[JoinableExperiment]] | None = None,
     ):
-        if not config.experiments:
-            raise ValueError("no experiments to join")
         self.config = config
+        self.chooser = chooser_for(config, fetch)
         self.state_path = state_dir / "state.json"
         self.progress_path = state_dir / "progress.json"
         self.command = command
@@ -193,9 +218,11 @@ class Runner:
         self.stop_grace = stop_grace
         self.backoff_first = backoff_first
         self.backoff_max = backoff_max
+        self.recheck = recheck
         self.env = env
         self.child: subprocess.Popen[bytes] | None = None
-        self.index = 0  # which experiment of the list
+        self.picked: Pick | None = None
+        self.slice_used = 0.0  # running seconds of the current share's slice before the child's latest start
         self.restarts = 0
         self.failures = 0  # consecutive crashes: the backoff's exponent
         self.last_exit: int | None = None
@@ -204,10 +231,20 @@ class Runner:
         self.clear_since: float | None = None  # when the pause condition last cleared
         self.paused_for: str | None = None
         self.stopping = False
+        self.stopped_by: int | None = None  # the signal that ended :meth:`run`
+        self.waiting_for: str | None = None  # why nothing was started when the chooser was last asked
 
     @property
-    def experiment(self) -> str:
-        return self.config.experiments[self.index]
+    def experiment(self) -> str | None:
+        return self.chooser.current()
+
+    def slice_left(self, now: float) -> float | None:
+        """Running seconds left in the current share's slice (None: no slices)."""
+        limit = self.chooser.slice_seconds()
+        if limit is None:
+            return None
+        running = now - self.started_at if self.child is not None else 0.0
+        return limit - self.slice_used - running
 
     # -- one decision --------------------------------------------------------------------------------------
 
@@ -228,14 +265,42 @@ class Runner:
                 return self._record("paused", f"{self.paused_for} (cleared, resuming shortly)")
             logger.info("resuming: %s cleared", self.paused_for)
             self.paused_for = None
+        left = self.slice_left(now)
+        if self.child is not None and left is not None and left <= 0:
+            logger.info("the slice of %s is used: the next experiment's turn", self.experiment)
+            self._stop_child()  # the clean leave, as for a pause: unsent metrics stay in the spool
+            self._next_slice()
         if self.child is None:
             if now < self.not_before:
+                if self.waiting_for is not None:  # nothing to join when last asked
+                    return self._record("waiting", self.waiting_for)
                 why = f"restarting {self.experiment} in {self.not_before - now:.0f} s after exit code {self.last_exit}"
                 if self.last_exit in EXIT_MEANING:
                     why += f" ({EXIT_MEANING[ExitCode(self.last_exit)]})"
                 return self._record("waiting", why)
-            self._start_child(now)
+            try:
+                picked = self.chooser.pick()
+            except NothingToJoin as exc:
+                return self._wait_for_choice(now, str(exc))
+            except WorkerError as exc:  # the server's list of joinable experiments (--any)
+                return self._wait_for_choice(now, f"cannot list the experiments you may join: {exc.message}")
+            self.waiting_for = None
+            if picked != self.picked:
+                logger.info("joining %s: %s", picked.slug, picked.why)
+                self.picked = picked
+            self._start_child(now, picked.slug)
         return self._record("running", None)
+
+    def _wait_for_choice(self, now: float, why: str) -> ServiceState:
+        if why != self.waiting_for:
+            logger.warning("nothing to join: %s", why)
+        self.waiting_for = why
+        self.not_before = now + self.recheck
+        return self._record("waiting", why)
+
+    def _next_slice(self) -> None:
+        self.chooser.next_slice()
+        self.slice_used = 0.0
 
     def _reap(self, now: float) -> None:
         if self.child is None or self.child.poll() is None:
@@ -246,8 +311,9 @@ class Runner:
         ran = now - self.started_at
         self.failures = 1 if ran >= HEALTHY_RUN else self.failures + 1
         self.restarts += 1
-        if code in HAND_OVER and len(self.config.experiments) > 1:
-            self.index = (self.index + 1) % len(self.config.experiments)
+        self.slice_used += ran
+        if code in HAND_OVER and self.chooser.hand_over():
+            self.slice_used = 0.0
             self.failures = 0
             delay = 0.0
         else:
@@ -255,9 +321,9 @@ class Runner:
         self.not_before = now + delay
         logger.warning("the join exited with code %s after %.0f s: next start in %.0f s", code, ran, delay)
 
-    def _start_child(self, now: float) -> None:
+    def _start_child(self, now: float, slug: str) -> None:
         self.progress_path.unlink(missing_ok=True)
-        argv = self.command(self.experiment, self.progress_path)
+        argv = self.command(slug, self.progress_path)
         logger.info("starting: %s", " ".join(argv))
         # Its own session: a Ctrl-C on the runner's terminal reaches the child once, through the runner.
         self.child = subprocess.Popen(argv, env=self.env, start_new_session=True)
@@ -268,6 +334,7 @@ class Runner:
         child, self.child = self.child, None
         if child is None:
             return
+        self.slice_used += self.clock.monotonic() - self.started_at
         for sig, grace in ((signal.SIGINT, self.stop_grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
             with contextlib.suppress(ProcessLookupError):
                 child.send_signal(sig)
@@ -284,6 +351,7 @@ class Runner:
             state=state,
             reason=reason,
             experiment=self.experiment,
+            chosen=self._chosen(),
             pid=os.getpid(),
             restarts=self.restarts,
             last_exit_code=self.last_exit,
@@ -293,6 +361,14 @@ class Runner:
         write_json_atomically(self.state_path, record.model_dump_json(indent=2))
         return record
 
+    def _chosen(self) -> str | None:
+        if self.picked is None or self.picked.slug != self.experiment:
+            return None
+        left = self.slice_left(self.clock.monotonic())
+        if left is None:
+            return self.picked.why
+        return f"{self.picked.why}; {max(0.0, left) / 60:.1f} min of this slice left"
+
     # -- the loop ------------------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -300,6 +376,7 @@ class Runner:
 
         def stop(signum: int, frame: object) -> None:
             self.stopping = True
+            self.stopped_by = signum
 
         previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:

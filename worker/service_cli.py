@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import click
 
-from .client import ExitCode, WorkerError, not_logged_in
+from .choice import JoinableExperiment
+from .client import USER_AGENT, ApiClient, ExitCode, WorkerError, not_logged_in
 from .credentials import resolve_credentials
 from .limits import config_path, load_config, validate_config
 from .runner import Runner, ServiceState, default_conditions, join_command, read_state
 from .service_units import Outcome, ServiceManager, swarmhub_executable
 from .settings import WorkerSettings
-from .transport import insecure_option
+from .transport import insecure_option, require_encryption
 
 logger = logging.getLogger("swarmhub.worker.service")
 
@@ -30,6 +31,20 @@ def _settings() -> WorkerSettings:
     from .cli import _settings as settings
 
     return settings()
+
+
+def joinable_fetcher(settings: WorkerSettings, insecure: bool) -> Callable[[], list[JoinableExperiment]]:
+    """Lists the experiments the volunteer may join (``--any``), with the credentials as they are at each call."""
+
+    def fetch() -> list[JoinableExperiment]:
+        creds = resolve_credentials(settings)
+        if creds.token is None or creds.server is None:
+            raise not_logged_in(creds.server)
+        server = require_encryption(creds.server, insecure)
+        with ApiClient(server, creds.token.get_secret_value(), user_agent=USER_AGENT) as client:
+            return client.joinable()
+
+    return fetch
 
 
 def _report(outcome: Outcome, done: str) -> None:
@@ -57,9 +72,10 @@ def install() -> None:
     """Write the service (and enable it where the service manager is reachable)."""
     settings = _settings()
     config = load_config(settings.config_dir)  # a bad config.toml is reported now, not in the journal later
-    if not config.experiments:
+    if not config.experiments and not config.any:
         click.echo(
-            f'Note: no experiments chosen yet: add experiments = ["SLUG"] to {config_path(settings.config_dir)}',
+            f'Note: no experiments chosen yet: add experiments = ["SLUG"] (or "any") to '
+            f"{config_path(settings.config_dir)}",
             err=True,
         )
     if resolve_credentials(settings).token is None:
@@ -120,6 +136,8 @@ def render_status(state: ServiceState | None, manager_state: str | None, install
     lines.append(f"state: {what}")
     if state.experiment:
         lines.append(f"experiment: {state.experiment}")
+        if state.chosen:
+            lines.append(f"chosen: {state.chosen}")
     p = state.progress
     if p is not None:
         lines.append(
@@ -146,6 +164,7 @@ def status() -> None:
 
 @click.command("run-service")
 @click.option("--experiment", "experiments", multiple=True, metavar="SLUG", help="Join this (repeatable)")
+@click.option("--any", "any_experiment", is_flag=True, default=None, help="Join the experiment that needs peers most")
 @click.option("--cpu-threads", type=int, help="CPU threads for training")
 @click.option("--gpu-memory-fraction", type=float, help="Largest share of GPU memory for training")
 @click.option("--hours", metavar="HH:MM-HH:MM", help="Train only within this daily window of local time")
@@ -165,6 +184,7 @@ def status() -> None:
 @click.option("--power-supply-root", type=click.Path(file_okay=False, path_type=Path), hidden=True)
 def run_service(
     experiments: Sequence[str],
+    any_experiment: bool | None,
     cpu_threads: int | None,
     gpu_memory_fraction: float | None,
     hours: str | None,
@@ -180,9 +200,11 @@ def run_service(
     """Train in the foreground within the limits of config.toml (what the installed service runs)."""
     settings = _settings()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a journal line per request for `any`
     config = load_config(settings.config_dir)
     flags = {
         "experiments": list(experiments) or None,
+        "any": any_experiment or None,
         "cpu_threads": cpu_threads,
         "gpu_memory_fraction": gpu_memory_fraction,
         "hours": hours,
@@ -190,12 +212,18 @@ def run_service(
         "pause_when_busy": pause_when_busy,
         "busy_threshold": busy_threshold,
     }
-    merged = {**config.model_dump(exclude_unset=True), **{k: v for k, v in flags.items() if v is not None}}
-    config = validate_config(merged, "run-service", flags=True)  # the file was valid: a bad value is a flag's
-    if not config.experiments:
+    if experiments and any_experiment:
+        raise WorkerError("run-service: pass either --experiment SLUG or --any, not both", ExitCode.USAGE)
+    chosen = {k: v for k, v in flags.items() if v is not None}
+    merged = config.model_dump(exclude_unset=True)
+    if "experiments" in chosen or "any" in chosen:  # a flag that chooses replaces the file's way of choosing
+        merged.pop("experiments", None)
+        merged.pop("any", None)
+    config = validate_config({**merged, **chosen}, "run-service", flags=True)  # the file was valid: a flag's
+    if not config.experiments and not config.any:
         raise WorkerError(
-            f'No experiment chosen: add experiments = ["SLUG"] to {config_path(settings.config_dir)} '
-            "or pass --experiment SLUG",
+            f'No experiment chosen: add experiments = ["SLUG"] (or "any") to {config_path(settings.config_dir)} '
+            "or pass --experiment SLUG (or --any)",
             ExitCode.USAGE,
         )
     if resolve_credentials(settings).token is None:
@@ -207,6 +235,8 @@ def run_service(
         conditions=default_conditions(config, power_supply_root),
         poll=poll,
         settle=settle,
+        fetch=joinable_fetcher(settings, insecure),
     )
-    click.echo(f"Background worker for {', '.join(config.experiments)}; state in {runner.state_path}")
+    what = "the experiment that needs peers most" if config.any else ", ".join(config.slugs)
+    click.echo(f"Background worker for {what}; state in {runner.state_path}")
     raise click.exceptions.Exit(runner.run())

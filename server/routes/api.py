@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
+from swarmhub.worker.choice import JoinableExperiment
 from swarmhub.worker.protocol import (
     DenyListPublic,
     DeviceCode,
@@ -178,6 +179,15 @@ def revoke_current_token(session: DB, request: Request) -> Response:
 def me(session: DB, request: Request) -> Me:
     user, token = api_token(request, session)
     return Me(username=user.username, is_admin=user.is_admin, scope=token.scope, expires_at=token.expires_at)
+
+
+@router.get("/me/joinable", response_model=list[JoinableExperiment])
+def joinable_experiments(session: DB, user: CurrentUser, settings: AppSettings) -> list[JoinableExperiment]:
+    """The running experiments you may join (as the join route decides), most needed first: ``need`` is
+    1 / (1 + peers online), peers online being the experiment's workers that reported within the active window;
+    ties go to less throughput, then the name. What ``swarmhub join --any`` chooses from. (Under ``/me``: it
+    depends on who asks, and ``/experiments/joinable`` would hide an experiment named "joinable".)"""
+    return experiments.joinable(session, user, settings.active_window_seconds)
 
 
 @router.get("/experiments", response_model=list[ExperimentSummary])

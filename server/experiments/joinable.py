@@ -1,0 +1,61 @@
+"""The experiments a volunteer may join now, most needed first: what ``swarmhub join --any`` chooses from
+(``GET /api/me/joinable``).
+
+Whether the volunteer may join is the join route's own check (:func:`.membership.check_joinable`: running, not
+removed, invited or listed where the experiment asks for it), applied to every running experiment, so the list never
+offers what the join would refuse. How much each needs peers is :func:`swarmhub.worker.choice.need` of its peers
+online: the worker runs that reported within the active window, as ``/api/hub`` counts volunteers online.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import distinct, func, select
+from sqlalchemy.orm import Session
+
+from swarmhub.worker.choice import JoinableExperiment, by_need, need
+
+from ..errors import AppError
+from ..metrics.common import current_time
+from ..models import User, WorkerRun
+from .lifecycle import running
+from .membership import check_joinable
+
+
+def joinable(session: Session, user: User, window_seconds: int) -> list[JoinableExperiment]:
+    """Every running experiment ``user`` may join, with its peers online and its need; most needed first."""
+    since = current_time() - timedelta(seconds=window_seconds)
+    online = {
+        row.experiment_id: row
+        for row in session.execute(
+            select(
+                WorkerRun.experiment_id,
+                func.count().label("peers"),
+                func.count(distinct(WorkerRun.user_id)).label("volunteers"),
+                func.sum(WorkerRun.samples_per_second).label("rate"),
+            )
+            .where(WorkerRun.last_seen_at >= since)
+            .group_by(WorkerRun.experiment_id)
+        )
+    }
+    listed = []
+    for experiment in running(session):
+        try:
+            check_joinable(session, experiment, user)
+        except AppError:  # removed, not invited or not listed: the join would refuse it too
+            continue
+        row = online.get(experiment.id)
+        peers = int(row.peers) if row is not None else 0
+        listed.append(
+            JoinableExperiment(
+                slug=experiment.slug,
+                title=experiment.title,
+                task=experiment.task,
+                peers_online=peers,
+                volunteers_online=int(row.volunteers) if row is not None else 0,
+                samples_per_second=round(float(row.rate or 0.0), 2) if row is not None else 0.0,
+                need=need(peers),
+            )
+        )
+    return by_need(listed)
