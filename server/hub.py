@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from swarmhub.worker.protocol import ExperimentStatus
 
 from . import exports
-from .experiments import PUBLIC
+from .experiments.lifecycle import PUBLIC
 from .metrics.common import current_time
 from .models import Checkpoint, Experiment, ExperimentTotal, User, VolunteerTotal, WorkerRun
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import case, exists, func, select
 from sqlalchemy.orm import Session, aliased
 
-from .experiments import PUBLIC
+from .experiments.lifecycle import PUBLIC  # the module: the package imports metrics, which imports this one
 from .models import Checkpoint, Experiment, RoundCredit, VolunteerTotal, WitnessedRound
 
 DAY = 24 * 3600.0

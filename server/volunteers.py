@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from . import exports, milestones
 from .errors import NotFound
-from .experiments import PUBLIC
+from .experiments.lifecycle import PUBLIC
 from .metrics.common import share_of
 from .milestones import Milestone
 from .models import (

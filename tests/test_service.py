@@ -29,8 +29,9 @@ from swarmhub.server.metrics.common import current_time
 from swarmhub.worker.cli import main
 from swarmhub.worker.client import ExitCode
 from swarmhub.worker.limits import CpuSampler, Hours, ServiceConfig, on_battery_linux, on_battery_macos
-from swarmhub.worker.runner import Conditions, Runner, read_state
+from swarmhub.worker.runner import Conditions, Runner
 from swarmhub.worker.service_cli import joinable_fetcher
+from swarmhub.worker.service_state import read_state
 from swarmhub.worker.service_units import (
     ServiceManager,
     launchd_plist,

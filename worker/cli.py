@@ -19,7 +19,7 @@ import click
 from pydantic import SecretStr, ValidationError
 
 from .. import __version__
-from . import service_cli
+from . import hub_commands, service_cli
 from .client import USER_AGENT, ApiClient, ExitCode, WorkerError, not_logged_in
 from .credentials import (
     StoredCredentials,
@@ -38,8 +38,6 @@ from .settings import WorkerSettings
 from .transport import insecure_option, require_encryption
 
 logger = logging.getLogger("swarmhub.worker")
-
-SERVER_EXTRA_HINT = "The server needs the server extra: pip install 'swarmhub[server]'"
 
 
 class _Cli(click.Group):
@@ -385,59 +383,9 @@ main.add_command(service_cli.service)
 main.add_command(service_cli.run_service)
 
 
-# -- server-side commands (the [server] extra) --------------------------------------------------------------
-
-
-def _server_cli() -> Any:
-    try:
-        from ..server import cli as server_cli
-    except ImportError as exc:
-        # A module of ours that fails to import is a bug; a missing server package or web stack is the extra.
-        if exc.name and exc.name.startswith("swarmhub") and exc.name not in ("swarmhub.server", "swarmhub.server.cli"):
-            raise
-        click.echo(SERVER_EXTRA_HINT, err=True)
-        raise click.exceptions.Exit(ExitCode.ERROR) from None
-    return server_cli
-
-
-def _exit_with(result: Any) -> None:
-    if isinstance(result, int) and result != 0:
-        raise click.exceptions.Exit(result)
-
-
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--database-url", default=None, help="SQLAlchemy URL (default: SWARMHUB_DATABASE_URL or SQLite)")
-@click.option(
-    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
-)
-def server(host: str, port: int, database_url: str | None, log_level: str) -> None:
-    """Run the swarmhub server (needs the [server] extra)."""
-    _exit_with(_server_cli().run_server(host, port, database_url, log_level))
-
-
-@main.command()
-@click.argument("username")
-@click.option("--password-stdin", is_flag=True, help="Read the password from stdin")
-def admin(username: str, password_stdin: bool) -> None:
-    """Create or promote an admin account on the server's database (needs the [server] extra)."""
-    _exit_with(_server_cli().run_admin(username, password_stdin))
-
-
-@main.command()
-@click.option(
-    "--experiment",
-    type=click.Choice(["demo-albert", "demo-digits"]),
-    default="demo-albert",
-    show_default=True,
-    help="Which demo experiment the two local workers train",
-)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address the server and the workers listen on")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="The server's port")
-def demo(experiment: str, host: str, port: int) -> None:
-    """Start a server, two demo experiments and two local workers (needs the [server] extra)."""
-    _exit_with(_server_cli().run_demo(host=host, port=port, experiment=experiment))
+main.add_command(hub_commands.server)
+main.add_command(hub_commands.admin)
+main.add_command(hub_commands.demo)
 
 
 if __name__ == "__main__":  # `python -m swarmhub.worker.cli`, as `swarmhub demo` runs its workers

@@ -23,7 +23,6 @@ code  meaning
 from __future__ import annotations
 
 import time
-from enum import IntEnum
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -32,6 +31,36 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from .. import __version__
 from .choice import JoinableExperiment
+from .errors import (
+    MAX_CLOCK_SKEW_SECONDS as MAX_CLOCK_SKEW_SECONDS,
+)
+from .errors import (
+    ExitCode as ExitCode,
+)
+from .errors import (
+    WorkerError as WorkerError,
+)
+from .errors import (
+    check_clock as check_clock,
+)
+from .errors import (
+    normalize_server_url as normalize_server_url,
+)
+from .errors import (
+    not_accepting as not_accepting,
+)
+from .errors import (
+    not_logged_in as not_logged_in,
+)
+from .errors import (
+    removed as removed,
+)
+from .errors import (
+    token_rejected as token_rejected,
+)
+from .errors import (
+    unknown_experiment as unknown_experiment,
+)
 from .protocol import (
     JOIN_REPORT_FIELDS,
     DenyListPublic,
@@ -57,61 +86,6 @@ JOIN_RETRY_SECONDS = 60.0  # how long `join` waits for an experiment's swarm pee
 JOIN_TIMEOUT = httpx.Timeout(15.0, read=60.0)
 DATA_TIMEOUT = httpx.Timeout(15.0, read=120.0)  # one corpus file (a shard is a few MB at most)
 USER_AGENT = f"swarmhub-worker/{__version__}"  # what the `swarmhub` commands send
-
-
-class ExitCode(IntEnum):
-    OK = 0
-    ERROR = 1
-    USAGE = 2
-    AUTH = 3
-    NOT_FOUND = 4
-    UNREACHABLE = 5
-    NOT_ACCEPTING = 6
-    CLOCK = 7
-    REMOVED = 8
-    INTERRUPTED = 130
-    TERMINATED = 143
-
-
-class WorkerError(Exception):
-    """A failure the volunteer can act on: ``message`` says what to do next, ``exit_code`` is documented."""
-
-    def __init__(self, message: str, exit_code: int = ExitCode.ERROR):
-        super().__init__(message)
-        self.message = message
-        self.exit_code = int(exit_code)
-
-
-def not_logged_in(server: str | None = None) -> WorkerError:
-    where = server or "URL"
-    return WorkerError(f"Not logged in: run `swarmhub login --server {where}`", ExitCode.AUTH)
-
-
-def token_rejected() -> WorkerError:
-    return WorkerError("Your token was rejected (revoked or expired): run `swarmhub login` again", ExitCode.AUTH)
-
-
-def unknown_experiment(slug: str, server: str) -> WorkerError:
-    return WorkerError(
-        f"No experiment {slug!r} on {server}: run `swarmhub experiments` to list them", ExitCode.NOT_FOUND
-    )
-
-
-def not_accepting(slug: str, status: str) -> WorkerError:
-    return WorkerError(
-        f"Experiment {slug!r} is {status}: the organizer is not accepting volunteers now", ExitCode.NOT_ACCEPTING
-    )
-
-
-def normalize_server_url(url: str) -> str:
-    """``https://host/`` -> ``https://host``; refuse anything that is not http(s)."""
-    url = url.strip().rstrip("/")
-    if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1]) == 0:
-        raise WorkerError(
-            f"Server URL {url!r} must start with http:// or https:// (for example http://127.0.0.1:8000)",
-            ExitCode.USAGE,
-        )
-    return url
 
 
 def _detail(response: httpx.Response) -> str:
@@ -398,28 +372,6 @@ def _body_flag(response: httpx.Response, name: str) -> bool:
     except ValueError:
         return False
     return isinstance(body, dict) and body.get(name) is True
-
-
-def removed(slug: str) -> WorkerError:
-    return WorkerError(
-        f"You were removed from {slug!r} by its organizer: this machine no longer trains it", ExitCode.REMOVED
-    )
-
-
-MAX_CLOCK_SKEW_SECONDS = 30.0
-
-
-def check_clock(server_time: float, sent_at: float, received_at: float) -> None:
-    """Refuse to start when this machine's clock is over 30 s off the server's: hivemind's peers reject
-    requests more than 60 s off theirs, so such a worker could not take part anyway."""
-    skew = (sent_at + received_at) / 2 - server_time
-    if abs(skew) > MAX_CLOCK_SKEW_SECONDS:
-        direction = "ahead of" if skew > 0 else "behind"
-        raise WorkerError(
-            f"This machine's clock is {abs(skew):.0f} s {direction} the server's: turn on automatic time sync "
-            "(for example `sudo timedatectl set-ntp true`), then join again",
-            ExitCode.CLOCK,
-        )
 
 
 def report_url(server_url: str, join: JoinResponse) -> str:

@@ -34,11 +34,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ValidationError
-
 from .choice import Chooser, InOrder, JoinableExperiment, MostNeeded, NothingToJoin, Pick, Shares
 from .client import ExitCode, WorkerError
 from .limits import CpuSampler, ServiceConfig, on_battery
+from .service_state import ServiceState, read_progress, write_json_atomically
 
 logger = logging.getLogger("swarmhub.worker.service")
 
@@ -59,55 +58,6 @@ EXIT_MEANING = {
     ExitCode.CLOCK: "this machine's clock is off: sync it",
     ExitCode.REMOVED: "removed by the organizer",
 }
-
-
-class JoinProgress(BaseModel):
-    """What a ``join --progress-file`` child writes about every two seconds."""
-
-    experiment: str
-    step: int
-    samples: int
-    samples_per_second: float
-    loss: float
-    peers: int
-    unacked_reports: int | None = None
-    last_ack_at: datetime | None = None  # when the server last acknowledged a metric report
-    updated_at: datetime
-
-
-class ServiceState(BaseModel):
-    """What the background worker is doing, for ``swarmhub service status``."""
-
-    state: Literal["running", "paused", "waiting", "stopped"]
-    reason: str | None = None
-    experiment: str | None = None
-    chosen: str | None = None  # why this experiment: its place in the list, a share's slice, or the most needed
-    pid: int | None = None  # the runner's
-    restarts: int = 0
-    last_exit_code: int | None = None
-    progress: JoinProgress | None = None
-    updated_at: datetime
-
-
-def write_json_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def read_state(path: Path) -> ServiceState | None:
-    try:
-        return ServiceState.model_validate_json(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValidationError, ValueError):
-        return None
-
-
-def read_progress(path: Path) -> JoinProgress | None:
-    try:
-        return JoinProgress.model_validate_json(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValidationError, ValueError):
-        return None
 
 
 class Clock(Protocol):

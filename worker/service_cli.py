@@ -15,7 +15,8 @@ from .choice import JoinableExperiment
 from .client import USER_AGENT, ApiClient, ExitCode, WorkerError, not_logged_in
 from .credentials import resolve_credentials
 from .limits import config_path, load_config, validate_config
-from .runner import Runner, ServiceState, default_conditions, join_command, read_state
+from .runner import Runner, default_conditions, join_command
+from .service_state import ServiceState, read_state
 from .service_units import Outcome, ServiceManager, swarmhub_executable
 from .settings import WorkerSettings
 from .transport import insecure_option, require_encryption

@@ -140,7 +140,7 @@ def _recording(
     show: Callable[[Progress], None], path: Path, joined: JoinResponse, reporter: Reporter | None
 ) -> Callable[[Progress], None]:
     """``show`` each snapshot, and write it to ``path`` with the reporter's acknowledgements."""
-    from .runner import JoinProgress, write_json_atomically
+    from .service_state import JoinProgress, write_json_atomically
 
     def update(p: Progress) -> None:
         show(p)

@@ -1,13 +1,15 @@
 """Experiments: create, edit, move through draft -> running -> paused -> finished, list, join. The fields as the
 API takes and shows them (:mod:`.schemas`), the experiments themselves (:mod:`.lifecycle`), who takes part
-(:mod:`.membership`), what a volunteer may join now, most needed first (:mod:`.joinable`) and their peers' swarm
-tokens (:mod:`.admission`); their public names are reachable here, as ``experiments.X``."""
+(:mod:`.membership`), what a volunteer may join now, most needed first (:mod:`.joinable`), joining one
+(:mod:`.joining`) and their peers' swarm tokens (:mod:`.admission`); their public names are reachable here, as
+``experiments.X``."""
 
 from __future__ import annotations
 
 from ..models import Experiment  # callers name the model as experiments.Experiment
 from .admission import MIN_PEER_KEY_BITS, PeerKey, check_peer_key, experiment_public_key, peer_key, swarm_token
 from .joinable import joinable
+from .joining import join
 from .lifecycle import (
     PUBLIC,
     TRANSITIONS,
@@ -50,6 +52,7 @@ from .schemas import (
 )
 
 __all__ = [
+    "join",
     "DEFAULT_MAX_PEERS_PER_VOLUNTEER",
     "Experiment",
     "MIN_PEER_KEY_BITS",

@@ -27,7 +27,7 @@ from swarmhub.worker.protocol import (
 
 from .. import accounts, device, experiments, leases, metrics, quotas, swarm_view
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, api_token, reconcile_after_commit
-from ..errors import BadRequest, Unavailable, documented
+from ..errors import BadRequest, documented
 from ..ratelimit import limited, limited_per_account
 from ..security import StoredText
 from ..snapshots import base_url, metrics_public
@@ -255,44 +255,15 @@ def join(
     reports of how its peer takes part (precision, client_mode, role, bandwidth_mbps: optional, self-reported), for
     the organizer's swarm view."""
     experiment = experiments.get_visible(session, slug, user)
-    experiments.check_joinable(session, experiment, user)
-    key = experiments.check_peer_key(session, experiment, user, body.peer_public_key)  # before any waiting
-    if not settings.swarm_enabled:
-        raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
-    run_id = experiments.run_id(experiment)
-    # Whichever server process holds the swarm's lease runs its bootstrap peer and publishes where it listens.
-    # No transaction is held while waiting for it: authentication may have written (a token's last use), and on
-    # SQLite an open write would lock every other request's writes (a sign-up failed so) for up to 10 s.
-    session.commit()
-    maddrs = _bootstrap_addresses(request, run_id, timeout=10)
-    if not maddrs:
-        raise Unavailable("the experiment's swarm is starting: try again shortly", headers={"Retry-After": "3"})
-    token = experiments.swarm_token(  # admits the key: this request's first write
-        session, experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
-    )
-    worker = experiments.start_worker_run(
+    return experiments.join(
         session,
         experiment,
         user,
-        body.device,
-        peer_id=key.peer_id,  # derived from the key the token binds, never a peer ID the worker claims
-        precision=body.precision.value if body.precision else None,
-        client_mode=body.client_mode,
-        role=body.role.value if body.role else None,
-        bandwidth_mbps=body.bandwidth_mbps,
-    )
-    return JoinResponse(
-        experiment=experiments.to_config(experiment),
-        run_id=run_id,
-        initial_peers=maddrs,
-        worker_id=worker.id,
-        username=user.username,
-        report_path=f"/ws/experiments/{experiment.slug}/report",
-        swarm_token=token,
-        token_path=f"/api/experiments/{experiment.slug}/swarm-token",
-        experiment_public_key=experiments.experiment_public_key(experiment),
-        server_time=time.time(),
-        data_path=f"/api/experiments/{experiment.slug}/data" if experiments.needs_corpus(experiment) else None,
+        body,
+        device=body.device,
+        swarm_enabled=settings.swarm_enabled,
+        token_minutes=settings.swarm_token_minutes,
+        bootstrap_addresses=lambda run_id: _bootstrap_addresses(request, run_id, timeout=10),
     )
 
 

@@ -1,0 +1,79 @@
+"""A volunteer joins a running experiment: the use case behind ``POST /api/experiments/{slug}/join``.
+
+In order: the experiment must take this volunteer (``membership.check_joinable``), the peer key must be one the
+volunteer may use here (``admission.check_peer_key``: RSA of 2048 bits or more, not another volunteer's, within
+``max_peers_per_volunteer``), then the swarm's bootstrap peer must be listening (whichever server process holds
+the swarm's lease runs it). Only then is anything written: the key admitted with its swarm token, and the worker
+run that its reports will go to, stored under the peer ID derived from that key, never one the worker claims.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from sqlalchemy.orm import Session
+
+from swarmhub.worker.protocol import JoinRequest, JoinResponse
+
+from ..errors import Unavailable
+from ..models import Experiment, User
+from .admission import check_peer_key, experiment_public_key, swarm_token
+from .lifecycle import needs_corpus, run_id
+from .membership import check_joinable, start_worker_run
+from .schemas import to_config
+
+
+def join(
+    session: Session,
+    experiment: Experiment,
+    user: User,
+    request: JoinRequest,
+    *,
+    device: str,
+    swarm_enabled: bool,
+    token_minutes: float,
+    bootstrap_addresses: Callable[[str], list[str]],
+) -> JoinResponse:
+    """The worker's configuration and a swarm token for its peer key. ``bootstrap_addresses(run_id)`` waits (a
+    few seconds at most) for the addresses the swarm's bootstrap peer listens on, [] when it is not up yet (a 503
+    with Retry-After: nothing is written then)."""
+    check_joinable(session, experiment, user)
+    key = check_peer_key(session, experiment, user, request.peer_public_key)  # before any waiting
+    if not swarm_enabled:
+        raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
+    run = run_id(experiment)
+    # No transaction is held while waiting: authentication may have written (a token's last use), and on SQLite
+    # an open write would lock every other request's writes (a sign-up failed so) for up to 10 s.
+    session.commit()
+    maddrs = bootstrap_addresses(run)
+    if not maddrs:
+        raise Unavailable("the experiment's swarm is starting: try again shortly", headers={"Retry-After": "3"})
+    token = swarm_token(  # admits the key: this request's first write
+        session, experiment, user, request.peer_public_key, timedelta(minutes=token_minutes)
+    )
+    worker = start_worker_run(
+        session,
+        experiment,
+        user,
+        device,
+        peer_id=key.peer_id,
+        precision=request.precision.value if request.precision else None,
+        client_mode=request.client_mode,
+        role=request.role.value if request.role else None,
+        bandwidth_mbps=request.bandwidth_mbps,
+    )
+    return JoinResponse(
+        experiment=to_config(experiment),
+        run_id=run,
+        initial_peers=maddrs,
+        worker_id=worker.id,
+        username=user.username,
+        report_path=f"/ws/experiments/{experiment.slug}/report",
+        swarm_token=token,
+        token_path=f"/api/experiments/{experiment.slug}/swarm-token",
+        experiment_public_key=experiment_public_key(experiment),
+        server_time=time.time(),
+        data_path=f"/api/experiments/{experiment.slug}/data" if needs_corpus(experiment) else None,
+    )

@@ -1,0 +1,159 @@
+"""Teams: the shapes of what the API and the pages show, and the rules of a name (see the package)."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from typing import Annotated, NamedTuple
+from urllib.parse import quote
+
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
+
+from ..accounts import USERNAME_RE
+from ..errors import BadRequest
+from ..security import StoredText
+
+NAME_MAX = 32
+DESCRIPTION_MAX = 500
+TEAMS_LIMIT = 100  # teams on a page of the standings unless asked otherwise
+TEAMS_MAX_LIMIT = 500
+
+
+def team_path(name: str) -> str:
+    return f"/teams/{quote(name, safe='')}"
+
+
+class TeamName(BaseModel):
+    """A team's name as it is chosen: at creation and when renamed."""
+
+    name: str = Field(min_length=2, max_length=NAME_MAX, description="2-32 letters, digits, '-' or '_'")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not USERNAME_RE.match(value):
+            raise ValueError("use 2-32 letters, digits, '-' or '_', starting with a letter or digit")
+        return value
+
+
+class TeamCreate(TeamName):
+    description: StoredText = Field(default="", max_length=DESCRIPTION_MAX, description="Plain text")
+
+    @field_validator("description")
+    @classmethod
+    def _description(cls, value: str) -> str:
+        return value.strip()
+
+
+class MemberAction(BaseModel):
+    username: StoredText = Field(min_length=1, max_length=32)
+
+
+class TeamSummary(BaseModel):
+    rank: int = Field(description="Place among all teams by verified samples")
+    name: str
+    url: str = Field(description="The team's page")
+    description: str
+    founder: str | None
+    members: int
+    verified_samples: int = Field(description="Of its current members, over every experiment anyone may see")
+    created_at: datetime
+
+
+class TeamMemberPublic(BaseModel):
+    username: str
+    role: str = Field(description="member or admin")
+    founder: bool
+    joined_at: datetime
+    verified_samples: int = Field(description="Over every experiment anyone may see")
+    profile_url: str
+
+
+class TeamExperiment(BaseModel):
+    slug: str
+    title: str
+    url: str
+    verified_samples: int = Field(description="Of the team's current members in this experiment")
+    share: float = Field(description="Fraction of the experiment's verified samples")
+    rank: int = Field(description="The team's place among the teams in this experiment")
+
+
+class TeamPublic(TeamSummary):
+    member_list: list[TeamMemberPublic] = Field(description="Members with a visible profile, most verified first")
+    hidden_members: int = Field(description="Members who hid their profile: counted, not named")
+    experiments: list[TeamExperiment] = Field(description="Most verified first")
+
+
+class ExperimentTeamRow(BaseModel):
+    rank: int
+    name: str
+    url: str
+    verified_samples: int = Field(description="Of the team's current members in this experiment")
+    contributors: int = Field(description="Members with verified samples in this experiment")
+    share: float = Field(description="Fraction of the experiment's verified samples")
+
+
+class TeamCursor(NamedTuple):
+    """A row of the standings (its rank and sort key): a page starts after it, or ends before it. Clients get it
+    as opaque text (base64 of the JSON array) and only hand it back."""
+
+    rank: Annotated[int, Field(ge=1, le=2**62)]
+    verified: Annotated[int, Field(ge=0, le=2**62)]
+    sort_name: Annotated[StoredText, Field(max_length=NAME_MAX)]
+    team_id: Annotated[int, Field(ge=0, le=2**62)]
+
+    def encode(self) -> str:
+        return base64.urlsafe_b64encode(_CURSOR.dump_json(self)).decode().rstrip("=")
+
+    @staticmethod
+    def decode(text: str, field: str = "cursor") -> TeamCursor:
+        """The cursor a page returned; a 400 naming ``field`` for anything else."""
+        try:
+            return _CURSOR.validate_json(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        except (ValueError, ValidationError):  # a base64 error is a ValueError
+            raise BadRequest("not a cursor these standings returned", field=field) from None
+
+
+_CURSOR = TypeAdapter(TeamCursor)
+
+
+class TeamPage(BaseModel):
+    entries: list[TeamSummary]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last page")
+    prev_cursor: str | None = Field(description="Pass as ?before= for the previous page; null on the first page")
+
+
+class TeamStatsExperiment(BaseModel):
+    slug: str
+    verified_samples: int = Field(description="Of the team's current members in this experiment")
+    share: float = Field(description="Fraction of the experiment's verified samples")
+    rank: int = Field(description="The team's place among the teams in this experiment")
+
+
+class TeamStatsRow(BaseModel):
+    rank: int = Field(description="Place among all teams by verified samples")
+    name: str
+    founder: str | None = Field(description="Null when the founder hid their profile")
+    members: int
+    member_names: list[str] = Field(description="Members with a visible profile, most verified first")
+    hidden_members: int = Field(description="Members who hid their profile: counted, not named")
+    verified_samples: int = Field(description="Of its current members, over every experiment anyone may see")
+    created_at: datetime
+    experiments: list[TeamStatsExperiment] = Field(description="Per experiment anyone may see, most verified first")
+
+
+class TeamStats(BaseModel):
+    generated_at: datetime
+    teams: list[TeamStatsRow] = Field(description="Every team, in the standings' order")
+
+
+# The CSV is long: a team's hub-wide row (experiment empty), then a row per experiment it helped.
+CSV_FIELDS = ("team", "experiment", "rank", "members", "verified_samples", "share")
+
+
+class Membership(BaseModel):
+    team: str | None = Field(description="The team the caller is in now; null when none")
+    role: str | None
+
+
+# ---- reads

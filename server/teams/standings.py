@@ -1,0 +1,334 @@
+"""Teams: lookups, the standings (hub-wide, per experiment, per team) and the open statistics export."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from sqlalchemy import and_, func, or_, select, tuple_
+from sqlalchemy.orm import Session
+
+from .. import exports
+from ..errors import NotFound
+from ..experiments.lifecycle import PUBLIC
+from ..metrics.common import share_of
+from ..models import Experiment, ExperimentTotal, Team, TeamMember, User, VolunteerTotal, utcnow
+from ..volunteers import profile_path
+from .schemas import (
+    CSV_FIELDS,
+    TEAMS_LIMIT,
+    ExperimentTeamRow,
+    TeamCursor,
+    TeamExperiment,
+    TeamMemberPublic,
+    TeamPage,
+    TeamPublic,
+    TeamStats,
+    TeamStatsExperiment,
+    TeamStatsRow,
+    TeamSummary,
+    team_path,
+)
+
+
+def get(session: Session, name: str) -> Team:
+    """The team called ``name`` (whatever the case), or 404."""
+    team = None if "\x00" in name else session.scalar(select(Team).where(func.lower(Team.name) == name.lower()))
+    if team is None:
+        raise NotFound(f"no team {name!r}")
+    return team
+
+
+def membership(session: Session, user: User) -> TeamMember | None:
+    return session.get(TeamMember, user.id)
+
+
+def team_of(session: Session, user: User) -> Team | None:
+    row = membership(session, user)
+    return session.get(Team, row.team_id) if row is not None else None
+
+
+def _public_verified() -> Any:
+    """Each user's verified samples over experiments anyone may see."""
+    return (
+        select(VolunteerTotal.user_id, func.sum(VolunteerTotal.verified_samples).label("verified"))
+        .join(Experiment, Experiment.id == VolunteerTotal.experiment_id)
+        .where(PUBLIC)
+        .group_by(VolunteerTotal.user_id)
+        .subquery()
+    )
+
+
+def _standings() -> Any:
+    """Each team's members and verified samples, with its sort key: the standings before their order."""
+    per_user = _public_verified()
+    return (
+        select(
+            Team.id.label("team_id"),
+            func.lower(Team.name).label("sort_name"),
+            func.count(TeamMember.user_id).label("members"),
+            func.coalesce(func.sum(per_user.c.verified), 0).label("verified"),
+        )
+        .outerjoin(TeamMember, TeamMember.team_id == Team.id)
+        .outerjoin(per_user, per_user.c.user_id == TeamMember.user_id)
+        .group_by(Team.id)
+        .subquery()
+    )
+
+
+def _ranked(session: Session, limit: int | None, after: TeamCursor | None, before: TeamCursor | None) -> Any:
+    """Rows (team, members, verified, sort_name) of the standings in their order: most verified first, then by
+    name whatever the case (names are unique so), then by id; ``limit`` of them after ``after``, or the ``limit``
+    just before ``before``, or all."""
+    s = _standings()
+    key = tuple_(s.c.sort_name, s.c.team_id)
+    query = select(Team, s.c.members, s.c.verified, s.c.sort_name).join(s, s.c.team_id == Team.id)
+    if before is not None:
+        query = query.where(
+            or_(
+                s.c.verified > before.verified,
+                and_(s.c.verified == before.verified, key < tuple_(before.sort_name, before.team_id)),
+            )
+        ).order_by(s.c.verified.asc(), s.c.sort_name.desc(), s.c.team_id.desc())
+    else:
+        if after is not None:
+            query = query.where(
+                or_(
+                    s.c.verified < after.verified,
+                    and_(s.c.verified == after.verified, key > tuple_(after.sort_name, after.team_id)),
+                )
+            )
+        query = query.order_by(s.c.verified.desc(), s.c.sort_name, s.c.team_id)
+    if limit is not None:
+        query = query.limit(limit)
+    rows = session.execute(query).all()
+    return rows[::-1] if before is not None else rows
+
+
+def standings(session: Session) -> list[TeamSummary]:
+    """Every team, most verified first (then by name): the hub-wide standings."""
+    rows = _ranked(session, None, None, None)
+    return [_summary(rank, row.Team, row.members, row.verified) for rank, row in enumerate(rows, 1)]
+
+
+def standings_page(
+    session: Session, limit: int = TEAMS_LIMIT, after: TeamCursor | None = None, before: TeamCursor | None = None
+) -> TeamPage:
+    """``limit`` teams of the standings: the first, those after the row ``after``, or those before ``before``;
+    ``rank`` is the place in the whole standings."""
+    rows = _ranked(session, limit + 1, after, before)
+    more = len(rows) > limit
+    if before is not None:
+        rows = rows[len(rows) - limit :] if more else rows
+        first_rank = before.rank - len(rows)
+        earlier = more
+    else:
+        rows = rows[:limit]
+        first_rank = after.rank + 1 if after is not None else 1
+        earlier = first_rank > 1
+    if not rows:
+        return TeamPage(entries=[], next_cursor=None, prev_cursor=None)
+    last_rank = first_rank + len(rows) - 1
+    later = more if before is None else True  # a page before a row has at least that row after it
+
+    def cursor(rank: int, row: Any) -> str:
+        return TeamCursor(rank, int(row.verified), row.sort_name, row.Team.id).encode()
+
+    return TeamPage(
+        entries=[_summary(first_rank + i, row.Team, row.members, row.verified) for i, row in enumerate(rows)],
+        next_cursor=cursor(last_rank, rows[-1]) if later else None,
+        prev_cursor=cursor(first_rank, rows[0]) if earlier and first_rank > 1 else None,
+    )
+
+
+def _summary(rank: int, team: Team, members: int, verified: Any) -> TeamSummary:
+    return TeamSummary(
+        rank=rank,
+        name=team.name,
+        url=team_path(team.name),
+        description=team.description,
+        # A founder who hid their profile is not named (their membership would tell that the account exists).
+        founder=team.founder.username if team.founder and not team.founder.profile_hidden else None,
+        members=int(members),
+        verified_samples=int(verified or 0),
+        created_at=team.created_at,
+    )
+
+
+def _members(session: Session, team_id: int | None = None) -> dict[int, list[Any]]:
+    """Each team's members (or ``team_id``'s) with their verified samples, most verified first, then the longest
+    in the team: (TeamMember, verified) rows by team id."""
+    per_user = _public_verified()
+    verified = func.coalesce(per_user.c.verified, 0)
+    query = (
+        select(TeamMember, verified)
+        .outerjoin(per_user, per_user.c.user_id == TeamMember.user_id)
+        .order_by(TeamMember.team_id, verified.desc(), TeamMember.joined_at)
+    )
+    if team_id is not None:
+        query = query.where(TeamMember.team_id == team_id)
+    grouped: dict[int, list[Any]] = {}
+    for member, member_verified in session.execute(query).all():
+        grouped.setdefault(member.team_id, []).append((member, int(member_verified)))
+    return grouped
+
+
+def _named(rows: list[Any]) -> list[Any]:
+    """The members anyone may see named: a member who hid their profile is counted, never named (their
+    membership would tell that the account exists)."""
+    return [(member, verified) for member, verified in rows if not member.user.profile_hidden]
+
+
+def detail(session: Session, name: str) -> TeamPublic:
+    team = get(session, name)
+    summary = next(s for s in standings(session) if s.name == team.name)
+    rows = _members(session, team.id).get(team.id, [])
+    members = [
+        TeamMemberPublic(
+            username=m.user.username,
+            role=m.role,
+            founder=m.user_id == team.founder_id,
+            joined_at=m.joined_at,
+            verified_samples=v,
+            profile_url=profile_path(m.user.username),
+        )
+        for m, v in _named(rows)
+    ]
+    return TeamPublic(
+        **summary.model_dump(),
+        member_list=members,
+        hidden_members=len(rows) - len(members),
+        experiments=_team_experiments(session, team),
+    )
+
+
+def _by_experiment_and_team(experiment_ids: Any = None) -> Any:
+    query = (
+        select(
+            VolunteerTotal.experiment_id,
+            TeamMember.team_id,
+            func.sum(VolunteerTotal.verified_samples).label("verified"),
+            func.count(VolunteerTotal.user_id).label("contributors"),
+        )
+        .join(TeamMember, TeamMember.user_id == VolunteerTotal.user_id)
+        .where(VolunteerTotal.verified_samples > 0)
+        .group_by(VolunteerTotal.experiment_id, TeamMember.team_id)
+    )
+    if experiment_ids is not None:
+        query = query.where(VolunteerTotal.experiment_id.in_(experiment_ids))
+    return query
+
+
+def _team_experiments(session: Session, team: Team) -> list[TeamExperiment]:
+    """The team's verified samples in each public experiment its members helped, and its rank there."""
+    helped = (
+        select(VolunteerTotal.experiment_id)
+        .join(TeamMember, TeamMember.user_id == VolunteerTotal.user_id)
+        .where(TeamMember.team_id == team.id, VolunteerTotal.verified_samples > 0)
+        .distinct()
+    )
+    return _experiments_by_team(session, helped).get(team.id, [])
+
+
+def _experiments_by_team(session: Session, experiment_ids: Any = None) -> dict[int, list[TeamExperiment]]:
+    """Every team's verified samples in each public experiment (of ``experiment_ids``, or all) that its members
+    helped, its share and its rank among the teams there; by team id, most verified first."""
+    by_team = _by_experiment_and_team(experiment_ids).subquery()
+    rows = session.execute(
+        select(by_team.c.experiment_id, by_team.c.team_id, by_team.c.verified, Experiment, ExperimentTotal)
+        .join(Experiment, Experiment.id == by_team.c.experiment_id)
+        .join(Team, Team.id == by_team.c.team_id)
+        .outerjoin(ExperimentTotal, ExperimentTotal.experiment_id == Experiment.id)
+        .where(PUBLIC)
+        # the order of experiment_standings within each experiment, ties included: a team's rank is the same there
+        .order_by(by_team.c.experiment_id, by_team.c.verified.desc(), func.lower(Team.name))
+    ).all()
+    grouped: dict[int, list[Any]] = {}
+    for row in rows:
+        grouped.setdefault(row.experiment_id, []).append(row)
+    found: dict[int, list[TeamExperiment]] = {}
+    for group in grouped.values():
+        for rank, row in enumerate(group, 1):
+            total = row.ExperimentTotal.verified_samples if row.ExperimentTotal else 0
+            found.setdefault(row.team_id, []).append(
+                TeamExperiment(
+                    slug=row.Experiment.slug,
+                    title=row.Experiment.title,
+                    url=f"/experiments/{quote(row.Experiment.slug, safe='')}",
+                    verified_samples=int(row.verified),
+                    share=share_of(int(row.verified), total),
+                    rank=rank,
+                )
+            )
+    return {team_id: sorted(rows, key=lambda e: (-e.verified_samples, e.slug)) for team_id, rows in found.items()}
+
+
+def experiment_standings(session: Session, experiment: Experiment) -> list[ExperimentTeamRow]:
+    """The teams of ``experiment`` (the caller checked it may be seen), most verified first."""
+    by_team = _by_experiment_and_team([experiment.id]).subquery()
+    rows = session.execute(
+        select(Team.name, by_team.c.verified, by_team.c.contributors)
+        .join(Team, Team.id == by_team.c.team_id)
+        .order_by(by_team.c.verified.desc(), func.lower(Team.name))
+    ).all()
+    totals = session.get(ExperimentTotal, experiment.id)
+    total = totals.verified_samples if totals else 0
+    return [
+        ExperimentTeamRow(
+            rank=rank,
+            name=name,
+            url=team_path(name),
+            verified_samples=int(verified),
+            contributors=int(contributors),
+            share=share_of(int(verified), total),
+        )
+        for rank, (name, verified, contributors) in enumerate(rows, 1)
+    ]
+
+
+def stats(session: Session) -> TeamStats:
+    """The open statistics export: every team as the standings and the team pages count it (the same functions),
+    with the members anyone may see named and the others counted, and its standing in each public experiment."""
+    members = _members(session)
+    experiments = _experiments_by_team(session)
+    rows = []
+    for rank, row in enumerate(_ranked(session, None, None, None), 1):
+        team, listed = row.Team, members.get(row.Team.id, [])
+        named = [member.user.username for member, _ in _named(listed)]
+        summary = _summary(rank, team, row.members, row.verified)
+        rows.append(
+            TeamStatsRow(
+                rank=rank,
+                name=team.name,
+                founder=summary.founder,
+                members=summary.members,
+                member_names=named,
+                hidden_members=len(listed) - len(named),
+                verified_samples=summary.verified_samples,
+                created_at=team.created_at,
+                experiments=[
+                    TeamStatsExperiment(slug=e.slug, verified_samples=e.verified_samples, share=e.share, rank=e.rank)
+                    for e in experiments.get(team.id, [])
+                ],
+            )
+        )
+    return TeamStats(generated_at=utcnow(), teams=rows)
+
+
+def stats_csv(data: TeamStats) -> str:
+    def rows() -> Any:
+        for team in data.teams:
+            yield (team.name, "", team.rank, team.members, team.verified_samples, "")
+            for e in team.experiments:
+                yield (team.name, e.slug, e.rank, team.members, e.verified_samples, e.share)
+
+    return exports.csv_text(CSV_FIELDS, rows())
+
+
+def stats_bodies(session: Session) -> tuple[bytes, str]:
+    """The export's JSON and CSV, from one read so that they agree."""
+    data = stats(session)
+    return data.model_dump_json().encode(), stats_csv(data)
+
+
+# ---- changes (the caller's transaction; nothing here commits)
