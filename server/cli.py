@@ -6,6 +6,7 @@ The worker's CLI imports this module lazily, so a volunteer's base install never
 from __future__ import annotations
 
 import contextlib
+import gc
 import getpass
 import os
 import secrets
@@ -55,9 +56,13 @@ def run_server(host: str, port: int, database_url: str | None, log_level: str = 
     click.echo(f"swarmhub on http://{host}:{port} (database: {_redact(settings.database_url)})")
     # X-Forwarded-For is read by the app only, from SWARMHUB_TRUSTED_PROXIES (server/proxies.py): uvicorn's own
     # reading believes any connection from 127.0.0.1.
-    uvicorn.run(
-        create_app(settings), host=host, port=port, log_level=log_level, ws_max_size=64 * 1024, proxy_headers=False
-    )
+    app = create_app(settings)
+    # What is alive now (modules, routes, templates, table metadata) lives as long as the process: moved out of the
+    # collector's reach, so that its full collections, which stop every request and every live push while they
+    # run, scan only what serving allocates.
+    gc.collect()
+    gc.freeze()
+    uvicorn.run(app, host=host, port=port, log_level=log_level, ws_max_size=64 * 1024, proxy_headers=False)
 
 
 def _redact(url: str) -> str:

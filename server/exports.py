@@ -79,8 +79,11 @@ class Encoded:
 
 
 class Kept:
-    """A value rebuilt at most once per ``max_age`` seconds, in this process; one thread rebuilds while the others
-    wait for it. Processes behind one balancer may hold copies up to ``max_age`` apart, each with its own ETag."""
+    """A value rebuilt at most once per ``max_age`` seconds, in this process. Once there is one, a caller never
+    waits for a rebuild: the first caller past ``max_age`` rebuilds it while the others are served the copy it
+    replaces (so a burst of requests, each holding a server thread, does not queue behind one slow rebuild). Only
+    the very first build is waited for. Processes behind one balancer may hold copies up to ``max_age`` apart,
+    each with its own ETag."""
 
     def __init__(self, max_age: float):
         self.max_age = max_age
@@ -89,12 +92,20 @@ class Kept:
         self._built_at = 0.0
 
     def get(self, build: Callable[[], Any]) -> Any:
-        with self._lock:
-            now = time.monotonic()
-            if self._value is None or now - self._built_at >= self.max_age:
+        value = self._value
+        if value is not None and time.monotonic() - self._built_at < self.max_age:
+            return value
+        if value is None:
+            self._lock.acquire()  # nothing to serve yet: wait for the one build
+        elif not self._lock.acquire(blocking=False):
+            return value  # another caller is rebuilding it: the previous copy meanwhile
+        try:
+            if self._value is None or time.monotonic() - self._built_at >= self.max_age:
                 self._value = build()
-                self._built_at = now
+                self._built_at = time.monotonic()
             return self._value
+        finally:
+            self._lock.release()
 
 
 class Dump:
@@ -133,12 +144,12 @@ def accepts_gzip(header: str) -> bool:
     return weights.get("gzip", weights.get("x-gzip", weights.get("*", 0.0))) > 0
 
 
-def serve(request: Request, encoded: Encoded) -> Response:
+def serve(request: Request, encoded: Encoded, cache_control: str = CACHE_CONTROL) -> Response:
     """``encoded`` as the client takes it: gzipped where accepted, and a 304 when ``If-None-Match`` names the tag
     of the representation it would get (the plain and the gzipped body are two, each with its own tag)."""
     gzipped = accepts_gzip(request.headers.get("accept-encoding", ""))
     etag = encoded.gzip_etag if gzipped else encoded.etag  # each representation has its own tag
-    headers = {"Cache-Control": CACHE_CONTROL, "ETag": etag, "Vary": "Accept-Encoding"}
+    headers = {"Cache-Control": cache_control, "ETag": etag, "Vary": "Accept-Encoding"}
     asked = {tag.strip().removeprefix("W/") for tag in request.headers.get("if-none-match", "").split(",")}
     if asked & {etag, "*"}:
         return Response(status_code=304, headers=headers)

@@ -239,8 +239,19 @@ class HubCache:
         self._export = exports.Kept(stats_seconds)
 
     def hub(self, session: Session) -> HubPublic:
-        value: HubPublic = self._hub.get(lambda: snapshot(session, self.window_seconds))
-        return value
+        return self._hub_and_body(session)[0]
+
+    def hub_body(self, session: Session) -> exports.Encoded:
+        """``/api/hub``'s JSON, encoded (and gzipped) once per rebuild rather than once per poll."""
+        return self._hub_and_body(session)[1]
+
+    def _hub_and_body(self, session: Session) -> tuple[HubPublic, exports.Encoded]:
+        def build() -> tuple[HubPublic, exports.Encoded]:
+            value = snapshot(session, self.window_seconds)
+            return value, exports.Encoded.of(value.model_dump_json().encode(), exports.JSON)
+
+        kept: tuple[HubPublic, exports.Encoded] = self._hub.get(build)
+        return kept
 
     def export(self, session: Session) -> Export:
         value: Export = self._export.get(lambda: export(snapshot(session, self.window_seconds)))

@@ -251,3 +251,47 @@ def test_active_window_bounds_who_is_online(client, db, app):
         1,
         None,
     )
+
+
+def test_a_stale_copy_is_served_while_one_caller_rebuilds_it():
+    """The hub's and the exports' cache: past its age, one caller rebuilds while the others get the previous copy
+    at once (requests each hold a server thread: they must not queue behind a slow rebuild)."""
+    import threading
+    import time
+
+    from swarmhub.server.exports import Kept
+
+    kept = Kept(max_age=0.05)
+    assert kept.get(lambda: "first") == "first"  # the first build is waited for
+    time.sleep(0.06)
+    started, release = threading.Event(), threading.Event()
+
+    def slow_build() -> str:
+        started.set()
+        release.wait(5)
+        return "second"
+
+    rebuilt: list[str] = []
+    rebuilder = threading.Thread(target=lambda: rebuilt.append(kept.get(slow_build)))
+    rebuilder.start()
+    assert started.wait(5)
+    t = time.monotonic()
+    assert kept.get(lambda: "never built") == "first"  # served the previous copy, not a second build
+    assert time.monotonic() - t < 0.5
+    release.set()
+    rebuilder.join(5)
+    assert rebuilt == ["second"] and kept.get(lambda: "never built") == "second"
+
+
+def test_the_front_page_poll_is_encoded_once_and_revalidated_by_etag(client, db):
+    """``/api/hub`` is polled by every open front page: the same body for a couple of seconds, with an ETag that a
+    poll sends back to get a 304 instead of the body, gzipped for a client that accepts it."""
+    first = client.get("/api/hub", headers={"Accept-Encoding": "identity"})
+    assert first.status_code == 200 and first.headers["cache-control"] == "no-cache"
+    assert "content-encoding" not in first.headers
+    etag = first.headers["etag"]
+    again = client.get("/api/hub", headers={"If-None-Match": etag, "Accept-Encoding": "identity"})
+    assert again.status_code == 304 and again.content == b""
+    zipped = client.get("/api/hub", headers={"Accept-Encoding": "gzip"})
+    assert zipped.headers["content-encoding"] == "gzip" and zipped.json() == first.json()
+    assert zipped.headers["etag"] != etag  # each representation has its own tag

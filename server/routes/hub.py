@@ -16,12 +16,12 @@ from ..deps import DB
 router = APIRouter(tags=["hub"])
 
 
-@router.get("/api/hub", response_model=hub.HubPublic)
-def hub_figures(request: Request, session: DB) -> hub.HubPublic:
+@router.get("/api/hub", response_model=hub.HubPublic, responses={304: {"description": "Not modified (ETag)"}})
+def hub_figures(request: Request, session: DB) -> Response:
     """Every public experiment's collaboration as it stands, and the hub's totals (what the front page shows). At
-    most a couple of seconds old."""
-    cached: hub.HubPublic = request.app.state.hub.hub(session)
-    return cached
+    most a couple of seconds old; encoded once per rebuild, with an ETag (304 when it did not change) and gzip
+    when accepted. ``Cache-Control: no-cache``: a client asks again each time, and the ETag keeps that cheap."""
+    return exports.serve(request, request.app.state.hub.hub_body(session), cache_control="no-cache")
 
 
 @router.get("/api/stats/experiments.json", response_model=list[hub.ExperimentStats], responses=exports.RESPONSES)
