@@ -26,7 +26,8 @@ from pydantic import BaseModel
 
 def emit(event: BaseModel | dict[str, Any]) -> None:
     """One event on stdout, as a JSON line (the host reads it as soon as it is written)."""
-    text = event.model_dump_json(exclude_none=True) if isinstance(event, BaseModel) else json.dumps(event)
+    data = event.model_dump(mode="json", exclude_none=True) if isinstance(event, BaseModel) else event
+    text = json.dumps(data)
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
