@@ -679,6 +679,7 @@ def test_a_share_counts_running_time_only_not_a_pause(
     assert runner.tick().experiment == "alpha"
     clock.advance(60)
     assert runner.tick().experiment == "beta"
+    wait_started(log, runner)  # stopped at teardown once it can stop cleanly (a child still starting waits it out)
 
 
 @pytest.fixture
