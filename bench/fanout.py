@@ -58,7 +58,7 @@ TARGET_P99 = 0.250
 VIEWERS = 500
 VISITORS = 200  # front-page visitors, each polling /api/hub every POLL_SECONDS
 POLL_SECONDS = 4.0
-LIVE_SEATS = {"SWARMHUB_LIVE_MAX_PER_ADDRESS": "1000"}  # every viewer is on 127.0.0.1
+SEATS = "1000"  # SWARMHUB_LIVE_MAX_PER_ADDRESS: every viewer is on 127.0.0.1
 TOTAL_SAMPLES = re.compile(r'"total_samples":\s*(\d+)')
 
 
@@ -400,9 +400,11 @@ def run(mode: Mode, rounds: int, redis: bool) -> int:
         with contextlib.ExitStack() as stack:
             with c.phase("starting the servers"):
                 url = f"sqlite:///{h.tmp / 'server.db'}"
-                one = s.SwarmhubServer(h, "single", url, **LIVE_SEATS)
+                one = s.SwarmhubServer(h, "single", url, SWARMHUB_LIVE_MAX_PER_ADDRESS=SEATS)
                 stack.callback(one.close)
-                slow = s.SwarmhubServer(h, "slow", url, admin=False, SWARMHUB_LIVE_INTERVAL_SECONDS="1", **LIVE_SEATS)
+                slow = s.SwarmhubServer(
+                    h, "slow", url, admin=False, SWARMHUB_LIVE_INTERVAL_SECONDS="1", SWARMHUB_LIVE_MAX_PER_ADDRESS=SEATS
+                )
                 stack.callback(slow.close)
                 for name, server in (("1 process (SQLite)", one), ("1 process, interval 1 s", slow)):
                     slug = server.start_experiment("fanout")
@@ -415,7 +417,12 @@ def run(mode: Mode, rounds: int, redis: bool) -> int:
                     pg = stack.enter_context(s.postgres_database("fanout"))
                     channel = f"swarmhub-bench-{uuid.uuid4().hex[:8]}"
                     a = s.SwarmhubServer(
-                        h, "redis-a", pg, SWARMHUB_REDIS_URL=s.REDIS_URL, SWARMHUB_REDIS_CHANNEL=channel, **LIVE_SEATS
+                        h,
+                        "redis-a",
+                        pg,
+                        SWARMHUB_REDIS_URL=s.REDIS_URL,
+                        SWARMHUB_REDIS_CHANNEL=channel,
+                        SWARMHUB_LIVE_MAX_PER_ADDRESS=SEATS,
                     )
                     stack.callback(a.close)
                     b = s.SwarmhubServer(
@@ -425,7 +432,7 @@ def run(mode: Mode, rounds: int, redis: bool) -> int:
                         admin=False,
                         SWARMHUB_REDIS_URL=s.REDIS_URL,
                         SWARMHUB_REDIS_CHANNEL=channel,
-                        **LIVE_SEATS,
+                        SWARMHUB_LIVE_MAX_PER_ADDRESS=SEATS,
                     )
                     stack.callback(b.close)
                     slug = a.start_experiment("fanout")
