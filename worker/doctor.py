@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import resource
 import socket
 import threading
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from .client import MAX_CLOCK_SKEW_SECONDS, ApiClient, WorkerError
-from .protocol import swarm_rate_cap
+from .protocol import ExperimentDetail, swarm_rate_cap, unthrottled_batch
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ def check_device(device: torch.device) -> Finding:
 
 
 def check_throughput(
-    experiment: Any, device: torch.device, seconds: float = 5.0, corpus: Callable[[], Any] | None = None
+    experiment: ExperimentDetail, device: torch.device, seconds: float = 5.0, corpus: Callable[[], Any] | None = None
 ) -> Finding:
     """A few timed training steps of the experiment's task on this device (forward and backward). ``corpus``
     gives the experiment's training text, for a task that trains on one (it is downloaded, as `join` would)."""
@@ -95,7 +94,7 @@ def check_throughput(
     elapsed = time.perf_counter() - (started or time.perf_counter())
     rate = steps * task.batch_size / max(elapsed, 1e-9)
     measured = f"{rate:,.0f} samples/s on {experiment.task!r} ({steps} timed steps)"
-    target, matchmaking = getattr(experiment, "target_batch_size", None), getattr(experiment, "matchmaking_time", None)
+    target, matchmaking = experiment.target_batch_size, experiment.matchmaking_time  # None from an older server
     if target and matchmaking and rate > (cap := swarm_rate_cap(target, matchmaking)):
         return Finding(
             "throughput",
@@ -103,7 +102,7 @@ def check_throughput(
             f"{measured}, but the experiment's settings let the whole swarm train at most {cap:,.0f} samples/s "
             f"(a target batch of {target:,} per matchmaking time of {matchmaking:g} s): this machine alone would "
             "spend most of its time waiting",
-            f"ask the organizer to raise the target batch size to at least {math.ceil(rate * matchmaking):,}",
+            f"ask the organizer to raise the target batch size to at least {unthrottled_batch(rate, matchmaking):,}",
         )
     return Finding("throughput", OK, measured)
 

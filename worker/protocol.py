@@ -100,6 +100,12 @@ def swarm_rate_cap(target_batch_size: int, matchmaking_time: float) -> float:
     return round(target_batch_size / matchmaking_time, 1)
 
 
+def unthrottled_batch(samples_per_second: float, matchmaking_time: float) -> int:
+    """The smallest target batch size at which the rate cap (:func:`swarm_rate_cap`) does not hold back a peer
+    that trains ``samples_per_second``."""
+    return math.ceil(samples_per_second * matchmaking_time)
+
+
 class ExperimentConfig(TrainingSettings):
     """The experiment as a worker receives it."""
 

@@ -11,7 +11,14 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from swarmhub.worker.protocol import Aggregation, OptimizerName, Overlap, TrainingSettings, swarm_rate_cap
+from swarmhub.worker.protocol import (
+    Aggregation,
+    OptimizerName,
+    Overlap,
+    TrainingSettings,
+    swarm_rate_cap,
+    unthrottled_batch,
+)
 from swarmhub.worker.tasks import available_tasks, get_task
 
 from .. import corpus_upload, experiments, quotas, rollback, swarm_view, teams, training_data
@@ -188,6 +195,7 @@ def _dashboard(
     can_manage = experiments.can_manage(experiment, user)
     needs_corpus = experiments.needs_corpus(experiment)
     swarm = swarm_view.view(session, experiment, settings.active_window_seconds) if can_manage else None
+    fastest = max((peer.peak_samples_per_second for peer in swarm.peers), default=0.0) if swarm else 0.0
     context = {
         "experiment": experiment,
         "can_manage": can_manage,
@@ -211,7 +219,8 @@ def _dashboard(
         "swarm": swarm,
         "rate_cap": swarm_rate_cap(experiment.target_batch_size, experiment.matchmaking_time),
         # The fastest peer's own rate, for the organizer: the settings throttle the swarm when it is above the cap
-        "fastest_peer_rate": max((peer.peak_samples_per_second for peer in swarm.peers), default=0.0) if swarm else 0.0,
+        "fastest_peer_rate": fastest,
+        "unthrottled_batch": unthrottled_batch(fastest, experiment.matchmaking_time),
     }
     return render(request, "dashboard.html", context, user=user, web=web, status_code=status_code)
 
