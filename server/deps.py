@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from . import accounts, security
 from .errors import Forbidden, NotAuthenticated
 from .models import ApiToken, User, WebSession
+from .services import services
 from .settings import Settings
 
 SESSION_COOKIE = "swarmhub_session"
@@ -18,13 +19,13 @@ CSRF_COOKIE = "swarmhub_csrf"
 
 
 def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+    return services(request.app).settings
 
 
 def get_session(request: Request) -> Iterator[Session]:
     """The request's unit of work: committed once when the route returns, rolled back on any error. What a route
     registered with :func:`after_commit` runs once the commit is done, and never after a rollback."""
-    with request.app.state.sessionmaker() as session:
+    with services(request.app).sessionmaker() as session:
         try:
             yield session
             session.commit()
@@ -47,7 +48,7 @@ def after_commit(session: Session, action: Callable[[], object]) -> None:
 
 def reconcile_after_commit(request: Request, session: Session) -> None:
     """The swarm's reconcile (start, stop, deny-list, rollback), woken once this request's changes are committed."""
-    after_commit(session, request.app.state.reconcile_soon)
+    after_commit(session, services(request.app).coordinator.reconcile_soon)
 
 
 # scope="function": commit before the response is sent. With FastAPI's default ("request") the commit ran

@@ -32,6 +32,7 @@ from swarmhub.worker.protocol import Control, ExperimentStatus, MetricReport
 
 from . import metrics
 from .models import Experiment, ExperimentBan, WorkerRun, utcnow
+from .services import services
 
 logger = logging.getLogger("swarmhub.ingestion")
 INTERVAL = 0.05  # seconds: at most one commit per interval (20 a second), on the leading edge
@@ -217,8 +218,8 @@ def _settle(pending: _Pending, outcome: Outcome | None = None, *, error: bool = 
 @contextlib.asynccontextmanager
 async def writer_lifespan(app: Any) -> AsyncIterator[None]:
     """The report writer's life: started with the server, and drained before its database engine closes."""
-    writer = ReportWriter(app.state.sessionmaker)
-    app.state.reports = writer
+    writer = ReportWriter(services(app).sessionmaker)
+    services(app).reports = writer
     task = asyncio.create_task(writer.run())
     try:
         yield
@@ -229,3 +230,4 @@ async def writer_lifespan(app: Any) -> AsyncIterator[None]:
         except asyncio.TimeoutError:  # reports not stored by now are not acknowledged: their workers re-send them
             logger.warning("the report writer did not finish storing in time: stopping it")
             task.cancel()
+        services(app).reports = None

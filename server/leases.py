@@ -1,9 +1,9 @@
 """Exactly one server process hosts each running experiment's swarm peers: a lease row per run_id.
 
-Every process's reconcile loop (every RECONCILE seconds) renews the leases it holds and takes any that are
-free or expired; a process that dies stops renewing, and another takes its experiments over once the lease
-expires: within LEASE_SECONDS + one reconcile interval. The holder also writes its bootstrap addresses and
-the swarm's peer count into the row, so that any process can answer a join.
+Every process's reconcile loop (every ``swarm_reconcile_seconds``) renews the leases it holds and takes any that
+are free or expired; a process that dies stops renewing, and another takes its experiments over once the lease
+expires: within ``swarm_lease_seconds`` (LEASE_SECONDS by default) + one reconcile interval. The holder also
+writes its bootstrap addresses and the swarm's peer count into the row, so that any process can answer a join.
 
 Lease times are read on the database's clock (:func:`db_now`), not each replica's: a replica whose clock runs
 ahead would otherwise see every other's lease as expired and take it, and one whose clock lags would hold a lease
@@ -34,11 +34,13 @@ def db_now(session: Session) -> datetime:
     return utcnow()
 
 
-def acquire(session: Session, run_id: str, holder: str, now: datetime | None = None) -> bool:
-    """Take or renew the lease for ``run_id``; True when ``holder`` has it now (atomic on both databases).
-    ``now`` is the database's clock unless given."""
+def acquire(
+    session: Session, run_id: str, holder: str, now: datetime | None = None, seconds: float = LEASE_SECONDS
+) -> bool:
+    """Take or renew the lease for ``run_id`` for ``seconds``; True when ``holder`` has it now (atomic on both
+    databases). ``now`` is the database's clock unless given."""
     now = now or db_now(session)
-    expires = now + timedelta(seconds=LEASE_SECONDS)
+    expires = now + timedelta(seconds=seconds)
     renewed = session.execute(
         update(SwarmLease)
         .where(SwarmLease.run_id == run_id, SwarmLease.holder == holder)

@@ -165,3 +165,29 @@ class LiveHub:
                 logger.warning("live fan-out from Redis interrupted (%r): retrying in %.0f s", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+
+class LiveSeats:
+    """Live dashboard sockets open in this server process, per client address and per experiment: one address
+    (a script, or a browser with hundreds of tabs) cannot hold every seat, nor one experiment every socket."""
+
+    def __init__(self, per_address: int, per_experiment: int):
+        self.per_address, self.per_experiment = per_address, per_experiment
+        self.by_address: dict[str, int] = {}
+        self.by_slug: dict[str, int] = {}
+
+    def take(self, address: str, slug: str) -> str | None:
+        """Take a seat; or why not (the close reason)."""
+        if self.by_address.get(address, 0) >= self.per_address:
+            return f"too many live dashboards from your address (at most {self.per_address}): close some"
+        if self.by_slug.get(slug, 0) >= self.per_experiment:
+            return f"this dashboard has its most viewers ({self.per_experiment}): reload in a minute"
+        self.by_address[address] = self.by_address.get(address, 0) + 1
+        self.by_slug[slug] = self.by_slug.get(slug, 0) + 1
+        return None
+
+    def give_back(self, address: str, slug: str) -> None:
+        for counts, key in ((self.by_address, address), (self.by_slug, slug)):
+            counts[key] -= 1
+            if counts[key] <= 0:
+                del counts[key]

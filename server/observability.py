@@ -9,7 +9,7 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -19,6 +19,10 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import NotAuthenticated
+from .services import services
+
+if TYPE_CHECKING:
+    from .swarm.host import SwarmHost
 
 
 class Metrics:
@@ -54,8 +58,8 @@ class Metrics:
 class _SwarmCollector(Collector):
     """Peers each experiment's monitor sees in its swarm, read when scraped."""
 
-    def __init__(self, app: FastAPI):
-        self.app = app
+    def __init__(self, swarm: SwarmHost):
+        self.swarm = swarm
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
@@ -63,7 +67,7 @@ class _SwarmCollector(Collector):
             "Peers in each running experiment's swarm, as its monitor peer sees them",
             labels=["run_id"],
         )
-        for run_id, peers in self.app.state.swarm.peer_counts().items():
+        for run_id, peers in self.swarm.peer_counts().items():
             family.add_metric([run_id], peers)
         yield family
 
@@ -96,10 +100,11 @@ class RequestMetrics:
             self.metrics.latency.labels(template).observe(time.perf_counter() - started)
 
 
-def install(app: FastAPI, token: str | None) -> Metrics:
+def install(app: FastAPI, token: str | None, swarm: SwarmHost) -> Metrics:
+    """The request counters and ``GET /metrics`` (behind ``token`` when one is set); returns the registry's
+    metrics, kept in the app's services."""
     metrics = Metrics()
-    metrics.registry.register(_SwarmCollector(app))
-    app.state.metrics = metrics
+    metrics.registry.register(_SwarmCollector(swarm))
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(SecurityHeaders)
 
@@ -115,7 +120,7 @@ def install(app: FastAPI, token: str | None) -> Metrics:
 
 
 def count_websocket(app: Any, channel: str, delta: int) -> None:
-    app.state.metrics.websockets.labels(channel).inc(delta)
+    services(app).metrics.websockets.labels(channel).inc(delta)
 
 
 CSP = (

@@ -28,6 +28,7 @@ from fastapi import Depends, Request
 from .deps import CurrentUser
 from .errors import TooManyRequests
 from .models import User
+from .services import services
 from .settings import Settings
 
 logger = logging.getLogger("swarmhub.ratelimit")
@@ -161,7 +162,7 @@ def check_account(request: Request, action: str, user: User) -> None:
 
 
 def _count(request: Request, action: str, key: str, what: str) -> None:
-    limiter: Limiter = request.app.state.ratelimiter
+    limiter: Limiter = services(request.app).ratelimiter
     wait = limiter.hit(action, key)
     if wait is not None:
         seconds = max(1, math.ceil(wait))

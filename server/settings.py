@@ -24,6 +24,10 @@ class Settings(BaseSettings):
     swarm_ports: str = ""  # "40000-40099": TCP ports the swarm peers take (open them in the firewall); empty: random
     swarm_announce_host: str = ""  # public IP or DNS name workers dial (behind NAT/docker); empty: what peers listen on
     swarm_token_minutes: float = Field(default=60.0, gt=0, le=60)  # swarm access tokens live at most an hour
+    # Every replica on one database must use the same lease: a replica that dies is replaced within one lease
+    # and one reconcile interval (each replica's reconcile renews its leases and takes expired ones)
+    swarm_lease_seconds: float = Field(default=15.0, ge=2, le=600)
+    swarm_reconcile_seconds: float = Field(default=5.0, gt=0, le=60)
     cookie_secure: bool = False  # set in production behind HTTPS
     session_days: int = 14
     device_code_minutes: int = 10
@@ -97,6 +101,9 @@ class Settings(BaseSettings):
         if self.swarm_announce_host and not self.swarm_ports:
             # hivemind cannot announce a port it does not know in advance, and a NAT must forward known ports
             raise ValueError("SWARMHUB_SWARM_ANNOUNCE_HOST needs SWARMHUB_SWARM_PORTS (the ports forwarded to us)")
+        if self.swarm_lease_seconds < 2 * self.swarm_reconcile_seconds:
+            # a lease renewed once per reconcile must outlive one late reconcile
+            raise ValueError("SWARMHUB_SWARM_LEASE_SECONDS must be at least twice SWARMHUB_SWARM_RECONCILE_SECONDS")
         return self
 
     @property

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from . import experiments, leases, metrics, training_data
 from .models import Experiment
+from .services import services
 from .settings import Settings
 
 DASHBOARD_ROWS = 100  # the leaderboard's top rows on the dashboard and in each live snapshot
@@ -19,7 +20,7 @@ def base_url(request: Request, settings: Settings) -> str:
 
 
 def metrics_public(session: Session, experiment: Experiment, app: FastAPI) -> metrics.MetricsPublic:
-    settings: Settings = app.state.settings
+    settings: Settings = services(app).settings
     lease = leases.current(session, experiments.run_id(experiment))  # whichever process hosts the swarm
     swarm_peers = lease.peers if lease is not None else None
     return metrics.MetricsPublic(
@@ -29,7 +30,7 @@ def metrics_public(session: Session, experiment: Experiment, app: FastAPI) -> me
 
 
 def dashboard_snapshot(session: Session, experiment: Experiment, app: FastAPI) -> dict[str, Any]:
-    settings: Settings = app.state.settings
+    settings: Settings = services(app).settings
     board = metrics.leaderboard(session, experiment, settings.active_window_seconds, limit=DASHBOARD_ROWS)
     snapshot = {
         "type": "snapshot",

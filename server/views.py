@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from .deps import CSRF_COOKIE, csrf_token_for
+from .services import services
 
 templates = Jinja2Templates(directory=str(files("swarmhub.web") / "templates"))
 
@@ -29,7 +30,7 @@ def render(
     )
     new = getattr(request.state, "new_csrf", None)
     if new:
-        settings = request.app.state.settings
+        settings = services(request.app).settings
         response.set_cookie(CSRF_COOKIE, new, httponly=True, samesite="strict", secure=settings.cookie_secure, path="/")
     return response
 

@@ -24,6 +24,7 @@ from swarmhub.server import accounts, corpus, experiments
 from swarmhub.server.app import create_app
 from swarmhub.server.db import make_engine, migrate
 from swarmhub.server.models import Base, Experiment, User
+from swarmhub.server.services import services
 from swarmhub.server.settings import Settings
 
 POSTGRES_URL = os.environ.get(
@@ -122,7 +123,7 @@ def client(app: Any) -> Iterator[TestClient]:
 @pytest.fixture
 def db(app: Any) -> Any:
     """A sessionmaker on the app's database, for factories and for checking what was stored."""
-    return app.state.sessionmaker
+    return services(app).sessionmaker
 
 
 def make_user(db: Any, username: str = "alice", password: str = PASSWORD, **overrides: Any) -> User:

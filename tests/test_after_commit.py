@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from swarmhub.server.deps import after_commit, get_session
 from swarmhub.server.models import Experiment, ExperimentBan
+from swarmhub.server.services import services
 
 from .conftest import api_token, make_experiment, make_user
 
@@ -20,12 +21,12 @@ def watch_reconcile(app: Any) -> list[dict[str, Any]]:
     seen: list[dict[str, Any]] = []
 
     def reconcile_soon() -> None:
-        with app.state.sessionmaker() as session:
+        with services(app).sessionmaker() as session:
             experiment = session.scalar(select(Experiment).where(Experiment.slug == "watched"))
             bans = session.scalars(select(ExperimentBan).where(ExperimentBan.experiment_id == experiment.id)).all()
             seen.append({"status": experiment.status, "bans": len(bans)})
 
-    app.state.reconcile_soon = reconcile_soon
+    services(app).coordinator.reconcile_soon = reconcile_soon  # type: ignore[method-assign]
     return seen
 
 
@@ -56,7 +57,7 @@ def test_an_action_runs_after_the_commit_and_never_after_a_rollback(app, db):
     work = get_session(request)
     session = next(work)
     session.scalar(select(Experiment).where(Experiment.slug == "watched")).status = "running"
-    after_commit(session, app.state.reconcile_soon)
+    after_commit(session, services(app).coordinator.reconcile_soon)
     assert seen == []  # not before the commit
     with pytest.raises(StopIteration):
         next(work)  # the route returned: commit, then the actions
@@ -65,7 +66,7 @@ def test_an_action_runs_after_the_commit_and_never_after_a_rollback(app, db):
     work = get_session(request)
     session = next(work)
     session.scalar(select(Experiment).where(Experiment.slug == "watched")).status = "paused"
-    after_commit(session, app.state.reconcile_soon)
+    after_commit(session, services(app).coordinator.reconcile_soon)
     with pytest.raises(RuntimeError):
         work.throw(RuntimeError("the route failed"))
     assert seen == [{"status": "running", "bans": 0}]  # rolled back: nothing written, nothing woken

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from swarmhub.server import experiments, leases
 from swarmhub.server.app import create_app
 from swarmhub.server.models import User, utcnow
+from swarmhub.server.services import services
 from swarmhub.worker import swarm_tokens
 from swarmhub.worker.cli import main
 
@@ -236,7 +237,7 @@ def clock_shifting_proxy(upstream: str, shift: float):
 def test_join_refuses_a_clock_far_off_the_servers(settings, tmp_path, shift, direction):
     """hivemind's peers reject requests over 60 s off their clock: `join` stops at 30 s, before the swarm."""
     app = create_app(settings.model_copy(update={"swarm_enabled": True}))
-    db = app.state.sessionmaker
+    db = services(app).sessionmaker
     owner = make_user(db)
     experiment = make_experiment(db, owner, slug="clock-run", status="running")
     # Another server process hosts this swarm (it holds the lease and published its bootstrap address), so

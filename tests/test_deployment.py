@@ -242,7 +242,7 @@ def deployed_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         Settings(environment="test", data_dir=data, database_url=f"sqlite:///{data / 'db'}", swarm_enabled=False)
     )
     yield app
-    app.state.engine.dispose()
+    services(app).engine.dispose()
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from swarmhub.server import contributions, metrics, witnessed
 from swarmhub.server.app import create_app
 from swarmhub.server.exports import accepts_gzip
 from swarmhub.server.models import Checkpoint, Experiment, WorkerRun, utcnow
+from swarmhub.server.services import services
 
 from .conftest import api_token, make_experiment, make_user
 from .support import report, worker_run
@@ -71,7 +72,7 @@ def hub_world(client, db):
 def summary_of(db: Any, app: Any, slug: str) -> metrics.Summary:
     with db() as session:
         experiment = session.query(Experiment).filter_by(slug=slug).one()
-        return metrics.summary(session, experiment, app.state.settings.active_window_seconds)
+        return metrics.summary(session, experiment, services(app).settings.active_window_seconds)
 
 
 def row_of(page: str, slug: str) -> dict[str, str]:
@@ -154,7 +155,7 @@ def test_a_checkpoint_counts_as_a_model_trained(client, db):
     assert client.get("/api/hub").json()["totals"]["models_trained"] == 0
     with db.begin() as session:
         session.add(Checkpoint(experiment_id=experiment.id, epoch=5, eval_loss=3.2, folder="keeper/5"))
-    with TestClient(create_app(client.app.state.settings)) as fresh:  # another process: nothing cached
+    with TestClient(create_app(services(client.app).settings)) as fresh:  # another process: nothing cached
         assert fresh.get("/api/hub").json()["totals"]["models_trained"] == 1
 
 
@@ -238,12 +239,12 @@ def test_active_window_bounds_who_is_online(client, db, app):
     olga, ada = make_user(db, "olga"), make_user(db, "ada")
     make_experiment(db, olga, slug="quiet", status="running", **ALBERT)
     send_reports(client, api_token(client, "ada"), "quiet", worker_run(db, ada, "quiet"), 1)
-    window = app.state.settings.active_window_seconds
+    window = services(app).settings.active_window_seconds
     with db.begin() as session:
         experiment = session.query(Experiment).filter_by(slug="quiet").one()
         for run in session.query(WorkerRun).filter_by(experiment_id=experiment.id):
             run.last_seen_at = utcnow() - timedelta(seconds=window + 1)
-    with TestClient(create_app(app.state.settings)) as fresh:
+    with TestClient(create_app(services(app).settings)) as fresh:
         row = fresh.get("/api/hub").json()["experiments"][0]
     assert (row["volunteers_online"], row["samples_per_second"], row["volunteers"], row["eta_seconds"]) == (
         0,

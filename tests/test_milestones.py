@@ -13,6 +13,7 @@ from sqlalchemy import event
 
 from swarmhub.server import experiments, milestones, training_data
 from swarmhub.server.models import utcnow
+from swarmhub.server.services import services
 
 from .conftest import make_experiment, make_user
 from .support import observe, witness
@@ -127,11 +128,11 @@ def test_leaderboard_page_statements_do_not_grow_with_its_rows(app, client, db):
             make_user(db, f"v{i}")
             credit(db, alpha.id, f"v{i}", f"Qm{i}", [(f"r{i}", 1, 10.0 + i)])
         statements.clear()
-        event.listen(app.state.engine, "before_cursor_execute", count)
+        event.listen(services(app).engine, "before_cursor_execute", count)
         try:
             board = client.get("/api/experiments/alpha/leaderboard").json()
         finally:
-            event.remove(app.state.engine, "before_cursor_execute", count)
+            event.remove(services(app).engine, "before_cursor_execute", count)
         assert len(board) == rows and all(e["milestones"] == ["first_round"] for e in board)
         return len(statements)
 

@@ -15,6 +15,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from swarmhub.server.models import ExperimentTotal, MetricPoint, WorkerRun
 from swarmhub.server.routes.ws import MAX_BURST, MAX_IN_FLIGHT, MAX_MESSAGES_PER_SECOND
+from swarmhub.server.services import services
 
 from .conftest import api_token, make_experiment, make_user
 from .support import report, url, worker_run
@@ -267,7 +268,7 @@ def database_held(db: Any, experiment_id: int) -> Iterator[None]:
 
 def test_a_socket_stops_reading_at_max_in_flight_while_the_database_is_busy_and_loses_nothing(app, client, db, swarm):
     headers, worker_id = swarm["alice"]
-    writer = app.state.reports
+    writer = services(app).reports
     with db() as session:
         experiment_id = session.get(WorkerRun, worker_id).experiment_id
     with client.websocket_connect(url(worker_id), headers=headers) as ws:

@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from swarmhub.server import accounts, experiments
 from swarmhub.server.app import create_app
 from swarmhub.server.models import MetricPoint
+from swarmhub.server.services import services
 from swarmhub.worker.client import ExitCode
 from swarmhub.worker.protocol import MetricReport
 from swarmhub.worker.reporter import Reporter
@@ -94,7 +95,7 @@ def test_a_healthy_connection_that_drops_is_back_within_seconds_however_often_it
 
 def test_revoked_token_is_fatal(db, app, live_server, joined):
     worker_id, token = joined
-    with app.state.sessionmaker.begin() as session:
+    with services(app).sessionmaker.begin() as session:
         _, api_token = accounts.user_for_token(session, token)
         accounts.revoke_token(session, api_token)
     url = f"ws://127.0.0.1:{live_server.port}/ws/experiments/reported/report?worker_id={worker_id}"
@@ -115,7 +116,7 @@ def test_pause_reaches_the_worker(db, app, live_server, joined):
     reporter.report(message(0))
     assert wait_for(lambda: reporter.pending == 0)
     assert reporter.control is None
-    with app.state.sessionmaker.begin() as session:
+    with services(app).sessionmaker.begin() as session:
         experiment = experiments.get_visible(session, "reported", None)
         experiments.change_status(session, experiment, "pause")
     reporter.report(message(1))
@@ -136,7 +137,7 @@ def test_removed_volunteer_stops_reporting_at_once(db, app, live_server):
     reporter = Reporter(url, token).start()
     reporter.report(message(0))
     assert wait_for(lambda: reporter.pending == 0)
-    with app.state.sessionmaker.begin() as session:
+    with services(app).sessionmaker.begin() as session:
         experiments.ban(session, experiments.get_visible(session, "reported", None), "vic")
     reporter.report(message(1))
     assert wait_for(lambda: reporter.control is not None)

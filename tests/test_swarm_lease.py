@@ -1,5 +1,7 @@
 """Several server processes on one database: exactly one hosts an experiment's swarm peers at a time, and when
-that process dies (SIGKILL: no goodbye) another takes the swarm over within LEASE_SECONDS + a reconcile."""
+that process dies (SIGKILL: no goodbye) another takes the swarm over within a lease + a reconcile. The replicas here
+run with a short lease and reconcile interval (settings every replica shares), so each test waits seconds, not
+the default 15 s lease."""
 
 from __future__ import annotations
 
@@ -14,11 +16,15 @@ import httpx
 import pytest
 
 from swarmhub.server import leases
-from swarmhub.server.app import RECONCILE_SECONDS, create_app
+from swarmhub.server.app import create_app
+from swarmhub.server.services import services
 
 from .conftest import LiveServer, free_port, make_experiment, make_user
 
 pytestmark = [pytest.mark.swarm, pytest.mark.both_databases]  # the lease is an upsert, per dialect
+LEASE_SECONDS, RECONCILE_SECONDS = 6.0, 1.0
+TIMINGS = {"swarm_lease_seconds": LEASE_SECONDS, "swarm_reconcile_seconds": RECONCILE_SECONDS}
+TIMINGS_ENV = {"SWARMHUB_SWARM_LEASE_SECONDS": str(LEASE_SECONDS), "SWARMHUB_SWARM_RECONCILE_SECONDS": "1"}
 
 
 def holder_of(db, run_id: str) -> tuple[str | None, list[str]]:
@@ -52,6 +58,7 @@ def test_one_replica_hosts_a_swarm_and_another_takes_over_when_it_dies(db, setti
         "SWARMHUB_DATABASE_URL": settings.database_url,
         "SWARMHUB_DATA_DIR": str(tmp_path / "replica-a"),
         "SWARMHUB_ENVIRONMENT": "test",
+        **TIMINGS_ENV,
     }
     log = open(tmp_path / "replica-a.log", "wb")  # noqa: SIM115
     replica_a = subprocess.Popen(
@@ -64,20 +71,22 @@ def test_one_replica_hosts_a_swarm_and_another_takes_over_when_it_dies(db, setti
     try:
         wait_until(lambda: bool(holder_of(db, run_id)[1]), timeout=60)  # A leads and its peer listens
         a_holder, a_maddrs = holder_of(db, run_id)
-        b_settings = settings.model_copy(update={"swarm_enabled": True, "data_dir": tmp_path / "replica-b"})
+        b_settings = settings.model_copy(update={"swarm_enabled": True, "data_dir": tmp_path / "replica-b", **TIMINGS})
         app_b = create_app(b_settings)
         with LiveServer(app_b):
             time.sleep(RECONCILE_SECONDS + 1)  # B reconciles at least once while A holds the lease
-            assert app_b.state.swarm.hosted() == [], "two replicas host the same swarm"
+            assert services(app_b).swarm.hosted() == [], "two replicas host the same swarm"
             assert holder_of(db, run_id)[0] == a_holder
 
             os.kill(replica_a.pid, signal.SIGKILL)  # A dies without releasing anything
             took = wait_until(
-                lambda: holder_of(db, run_id)[0] == app_b.state.instance and bool(holder_of(db, run_id)[1]),
-                timeout=leases.LEASE_SECONDS + 2 * RECONCILE_SECONDS + 15,
+                lambda: (
+                    holder_of(db, run_id)[0] == services(app_b).coordinator.instance and bool(holder_of(db, run_id)[1])
+                ),
+                timeout=LEASE_SECONDS + 2 * RECONCILE_SECONDS + 15,
             )
-            assert took <= leases.LEASE_SECONDS + RECONCILE_SECONDS + 10, took
-            assert app_b.state.swarm.hosted() == [run_id]
+            assert took <= LEASE_SECONDS + RECONCILE_SECONDS + 10, took
+            assert services(app_b).swarm.hosted() == [run_id]
             assert holder_of(db, run_id)[1] != a_maddrs  # volunteers now bootstrap from B's peer
     finally:
         if replica_a.poll() is None:
@@ -125,17 +134,20 @@ def test_a_replica_whose_clock_runs_ahead_takes_no_live_lease(db, settings, tmp_
     owner = make_user(db, "olga")
     experiment = make_experiment(db, owner, slug="skewed", status="running")
     run_id = f"swarmhub-skewed-{experiment.id}"
-    app_a = create_app(settings.model_copy(update={"swarm_enabled": True, "data_dir": tmp_path / "replica-a"}))
+    app_a = create_app(
+        settings.model_copy(update={"swarm_enabled": True, "data_dir": tmp_path / "replica-a", **TIMINGS})
+    )
     with LiveServer(app_a):
         wait_until(lambda: bool(holder_of(db, run_id)[1]), timeout=60)  # A leads and its peer listens
         a_holder = holder_of(db, run_id)[0]
-        assert a_holder == app_a.state.instance
+        assert a_holder == services(app_a).coordinator.instance
         port = free_port()
         env = {
             **os.environ,
             "SWARMHUB_DATABASE_URL": settings.database_url,
             "SWARMHUB_DATA_DIR": str(tmp_path / "replica-b"),
             "SWARMHUB_ENVIRONMENT": "test",
+            **TIMINGS_ENV,
         }
         log = open(tmp_path / "replica-b.log", "wb")  # noqa: SIM115
         replica_b = subprocess.Popen(
@@ -149,7 +161,7 @@ def test_a_replica_whose_clock_runs_ahead_takes_no_live_lease(db, settings, tmp_
             wait_until(lambda: answers(f"http://127.0.0.1:{port}/api/experiments"), timeout=60)
             time.sleep(2 * RECONCILE_SECONDS + 1)  # B reconciles twice while A renews
             assert holder_of(db, run_id)[0] == a_holder, (tmp_path / "replica-b.log").read_text()[-2000:]
-            assert app_a.state.swarm.hosted() == [run_id]
+            assert services(app_a).swarm.hosted() == [run_id]
         finally:
             os.killpg(replica_b.pid, signal.SIGTERM)
             try:

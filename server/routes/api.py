@@ -30,6 +30,7 @@ from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, ap
 from ..errors import BadRequest, documented
 from ..ratelimit import limited, limited_per_account
 from ..security import StoredText
+from ..services import services
 from ..snapshots import base_url, metrics_public
 
 router = APIRouter(prefix="/api", tags=["api"], responses=documented(400, 401, 403, 404, 409, 429, 503))
@@ -229,10 +230,10 @@ def change_status(
 
 
 def _bootstrap_addresses(request: Request, run_id: str, timeout: float) -> list[str]:
-    request.app.state.reconcile_soon()
+    services(request.app).coordinator.reconcile_soon()
     deadline = time.monotonic() + timeout
     while True:
-        with request.app.state.sessionmaker() as session:
+        with services(request.app).sessionmaker() as session:
             lease = leases.current(session, run_id)
             if lease is not None and lease.maddrs:
                 return list(lease.maddrs)

@@ -26,6 +26,7 @@ from ..deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser, reconcile_
 from ..errors import AppError
 from ..models import Corpus
 from ..ratelimit import limited
+from ..services import services
 from ..views import render
 from . import data
 from .page_helpers import WebSess, form_errors, router, see_other
@@ -135,7 +136,7 @@ def _form_page(
 @router.get("/")
 def index(request: Request, session: DB, user: PageUser, web: WebSess) -> Response:
     """The experiments the visitor may see, with the hub's figures (the public experiments': ``hub.py``)."""
-    figures = request.app.state.hub.hub(session)
+    figures = services(request.app).hub.hub(session)
     context = {
         "experiments": experiments.list_visible(session, user),
         "hub": figures,

@@ -12,6 +12,7 @@ from fastapi.responses import Response
 
 from .. import exports, hub
 from ..deps import DB
+from ..services import services
 
 router = APIRouter(tags=["hub"])
 
@@ -21,14 +22,14 @@ def hub_figures(request: Request, session: DB) -> Response:
     """Every public experiment's collaboration as it stands, and the hub's totals (what the front page shows). At
     most a couple of seconds old; encoded once per rebuild, with an ETag (304 when it did not change) and gzip
     when accepted. ``Cache-Control: no-cache``: a client asks again each time, and the ETag keeps that cheap."""
-    return exports.serve(request, request.app.state.hub.hub_body(session), cache_control="no-cache")
+    return exports.serve(request, services(request.app).hub.hub_body(session), cache_control="no-cache")
 
 
 @router.get("/api/stats/experiments.json", response_model=list[hub.ExperimentStats], responses=exports.RESPONSES)
 def stats_json(request: Request, session: DB) -> Response:
     """One row per public experiment. Rebuilt at most every ``SWARMHUB_STATS_CACHE_SECONDS`` per server
     process; gzipped when the client accepts it."""
-    return exports.serve(request, request.app.state.hub.export(session).json)
+    return exports.serve(request, services(request.app).hub.export(session).json)
 
 
 @router.get(
@@ -39,7 +40,7 @@ def stats_json(request: Request, session: DB) -> Response:
 def stats_csv(request: Request, session: DB) -> Response:
     """The same rows as ``experiments.json``, as CSV (RFC 4180, UTF-8, a header line). A text cell that a
     spreadsheet would run as a formula (it starts with ``=``, ``+``, ``-``, ``@``) is prefixed with ``'``."""
-    return exports.serve(request, request.app.state.hub.export(session).csv)
+    return exports.serve(request, services(request.app).hub.export(session).csv)
 
 
 @cache

@@ -14,6 +14,7 @@ from .. import experiments, exports, quotas, teams
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser
 from ..errors import BadRequest, documented
 from ..ratelimit import check_account, limited
+from ..services import services
 
 router = APIRouter(prefix="/api", tags=["teams"], responses=documented(400, 401, 403, 404, 409, 429))
 
@@ -145,7 +146,7 @@ def team_stats_json(request: Request, session: DB) -> Response:
     """Every team as the standings count it: members (named where their profile is visible), verified samples
     hub-wide and per public experiment with its share and rank there. Gzipped when the client accepts it;
     rebuilt at most every ``SWARMHUB_STATS_CACHE_SECONDS`` (per server process)."""
-    return exports.serve(request, request.app.state.team_stats.get(session, "json"))
+    return exports.serve(request, services(request.app).team_stats.get(session, "json"))
 
 
 @router.get(
@@ -159,7 +160,7 @@ def team_stats_json(request: Request, session: DB) -> Response:
 def team_stats_csv(request: Request, session: DB) -> Response:
     """The JSON export's figures as CSV (RFC 4180, a header row first; no member names). A text cell that a
     spreadsheet would run as a formula is prefixed with ``'``."""
-    return exports.serve(request, request.app.state.team_stats.get(session, "csv"))
+    return exports.serve(request, services(request.app).team_stats.get(session, "csv"))
 
 
 @router.get("/experiments/{slug}/teams", response_model=list[teams.ExperimentTeamRow])

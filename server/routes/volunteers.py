@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request, Response
 from .. import exports, volunteers
 from ..deps import DB
 from ..errors import documented
+from ..services import services
 
 router = APIRouter(prefix="/api", tags=["volunteers"])
 
@@ -31,7 +32,7 @@ def user_profile(username: str, session: DB) -> volunteers.VolunteerProfile:
 def volunteer_stats_json(request: Request, session: DB) -> Response:
     """Every volunteer with a visible profile: username, verified samples, experiments helped. Gzipped when the
     client accepts it; regenerated at most every few minutes (per server process)."""
-    return exports.serve(request, request.app.state.volunteer_stats.get(session, "json"))
+    return exports.serve(request, services(request.app).volunteer_stats.get(session, "json"))
 
 
 @router.get(
@@ -41,4 +42,4 @@ def volunteer_stats_json(request: Request, session: DB) -> Response:
 )
 def volunteer_stats_csv(request: Request, session: DB) -> Response:
     """The JSON export's rows as CSV (RFC 4180, a header row first)."""
-    return exports.serve(request, request.app.state.volunteer_stats.get(session, "csv"))
+    return exports.serve(request, services(request.app).volunteer_stats.get(session, "csv"))

@@ -27,6 +27,7 @@ from .. import accounts, experiments, ingestion
 from ..errors import AppError, Forbidden
 from ..models import WorkerRun, utcnow
 from ..observability import count_websocket
+from ..services import services
 from ..snapshots import dashboard_snapshot
 
 router = APIRouter(lifespan=ingestion.writer_lifespan)
@@ -39,40 +40,6 @@ INTERNAL_ERROR = 1011
 TRY_AGAIN_LATER = 1013
 
 
-class LiveSeats:
-    """Live dashboard sockets open in this server process, per client address and per experiment: one address
-    (a script, or a browser with hundreds of tabs) cannot hold every seat, nor one experiment every socket."""
-
-    def __init__(self, per_address: int, per_experiment: int):
-        self.per_address, self.per_experiment = per_address, per_experiment
-        self.by_address: dict[str, int] = {}
-        self.by_slug: dict[str, int] = {}
-
-    def take(self, address: str, slug: str) -> str | None:
-        """Take a seat; or why not (the close reason)."""
-        if self.by_address.get(address, 0) >= self.per_address:
-            return f"too many live dashboards from your address (at most {self.per_address}): close some"
-        if self.by_slug.get(slug, 0) >= self.per_experiment:
-            return f"this dashboard has its most viewers ({self.per_experiment}): reload in a minute"
-        self.by_address[address] = self.by_address.get(address, 0) + 1
-        self.by_slug[slug] = self.by_slug.get(slug, 0) + 1
-        return None
-
-    def give_back(self, address: str, slug: str) -> None:
-        for counts, key in ((self.by_address, address), (self.by_slug, slug)):
-            counts[key] -= 1
-            if counts[key] <= 0:
-                del counts[key]
-
-
-def _seats(app: Any) -> LiveSeats:
-    seats = getattr(app.state, "live_seats", None)
-    if seats is None:
-        settings = app.state.settings
-        seats = app.state.live_seats = LiveSeats(settings.live_max_per_address, settings.live_max_per_experiment)
-    return seats
-
-
 async def _deny(websocket: WebSocket, status: int, detail: str) -> None:
     """Refuse the handshake with a real HTTP status, so clients can tell 401 from 404."""
     body = json.dumps({"detail": detail}).encode()
@@ -80,7 +47,7 @@ async def _deny(websocket: WebSocket, status: int, detail: str) -> None:
 
 
 def _authorize(app: Any, token: str | None, slug: str, worker_id: str) -> tuple[str, str] | AppError:
-    with app.state.sessionmaker.begin() as session:
+    with services(app).sessionmaker.begin() as session:
         try:
             user, _ = accounts.user_for_token(session, token)
             experiment = experiments.get_visible(session, slug, user)
@@ -94,13 +61,13 @@ def _authorize(app: Any, token: str | None, slug: str, worker_id: str) -> tuple[
 
 async def _enqueue(app: Any, worker_id: str, report: MetricReport) -> asyncio.Future[ingestion.Outcome]:
     """Hand a report to the process's writer; the future is set once it is committed."""
-    writer = getattr(app.state, "reports", None)
+    writer = services(app).reports
     if writer is not None:
         return await writer.enqueue(worker_id, report)
     # An app used without its lifespan (no writer task): store this one report alone, before the next is read
     future: asyncio.Future[ingestion.Outcome] = asyncio.get_running_loop().create_future()
     try:
-        outcomes = await run_in_threadpool(ingestion.store, app.state.sessionmaker, [(worker_id, report, utcnow())])
+        outcomes = await run_in_threadpool(ingestion.store, services(app).sessionmaker, [(worker_id, report, utcnow())])
         future.set_result(outcomes[0])
     except Exception as exc:  # the acknowledging side raises it
         future.set_exception(exc)
@@ -188,7 +155,10 @@ async def _acknowledge(websocket: WebSocket, app: Any, slug: str, in_flight: _In
     """Acknowledge the queued reports, in order, once committed; stop a removed volunteer's socket. Acks are
     cumulative (an ack of seq N answers every report of this socket up to N), so the reports of one socket
     that one transaction stored get one ack."""
-    counted = {True: app.state.metrics.ingested.labels("stored"), False: app.state.metrics.ingested.labels("duplicate")}
+    counted = {
+        True: services(app).metrics.ingested.labels("stored"),
+        False: services(app).metrics.ingested.labels("duplicate"),
+    }
     while True:
         seq, future = await in_flight.first()
         outcome = await future  # raises what storing raised: the socket is closed and the worker re-sends
@@ -206,7 +176,7 @@ async def _acknowledge(websocket: WebSocket, app: Any, slug: str, in_flight: _In
                 break
             seq, future = in_flight.items[0]
             outcome = future.result()
-        app.state.live.mark(slug)
+        services(app).live.mark(slug)
         await websocket.send_text(Ack(seq=seq).model_dump_json())
         if last_control is not None:
             await websocket.send_text(last_control.model_dump_json())
@@ -245,7 +215,7 @@ class _InFlight:
 
 def _snapshot(app: Any, slug: str) -> str | None:
     """The experiment's dashboard snapshot as JSON text: encoded once, sent as is to every viewer."""
-    with app.state.sessionmaker.begin() as session:
+    with services(app).sessionmaker.begin() as session:
         try:
             experiment = experiments.get_visible(session, slug, None)
         except AppError:
@@ -260,7 +230,7 @@ async def live(websocket: WebSocket, slug: str) -> None:
     :class:`LiveSeats` the socket is closed at once with 1013 (try again later) and a reason."""
     app = websocket.app
     address = websocket.client.host if websocket.client else "unknown"
-    refused = _seats(app).take(address, slug)
+    refused = services(app).live_seats.take(address, slug)
     if refused is not None:
         await websocket.accept()
         await websocket.close(TRY_AGAIN_LATER, refused)
@@ -268,7 +238,7 @@ async def live(websocket: WebSocket, slug: str) -> None:
     try:
         await _watch(websocket, app, slug)
     finally:
-        _seats(app).give_back(address, slug)
+        services(app).live_seats.give_back(address, slug)
 
 
 async def _watch(websocket: WebSocket, app: Any, slug: str) -> None:
@@ -277,7 +247,7 @@ async def _watch(websocket: WebSocket, app: Any, slug: str) -> None:
         await _deny(websocket, 404, f"no experiment {slug!r}")
         return
     await websocket.accept()
-    queue = app.state.live.subscribe(slug)
+    queue = services(app).live.subscribe(slug)
     count_websocket(app, "live", 1)
     # Viewers send nothing: any message, or the close, ends the subscription.
     receiver = asyncio.ensure_future(websocket.receive_text())
@@ -294,7 +264,7 @@ async def _watch(websocket: WebSocket, app: Any, slug: str) -> None:
         pass
     finally:
         count_websocket(app, "live", -1)
-        app.state.live.unsubscribe(slug, queue)
+        services(app).live.unsubscribe(slug, queue)
         receiver.cancel()
         if receiver.done() and not receiver.cancelled():
             receiver.exception()  # retrieved, so asyncio does not log the viewer's disconnect as an error

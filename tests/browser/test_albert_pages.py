@@ -15,6 +15,7 @@ from sqlalchemy import select
 from swarmhub.server import corpus, training_data
 from swarmhub.server.app import create_app
 from swarmhub.server.models import Experiment
+from swarmhub.server.services import services
 from swarmhub.server.settings import Settings
 
 from ..conftest import PASSWORD, LiveServer
@@ -77,8 +78,8 @@ def test_organizer_gives_albert_its_text_and_sees_checkpoints(server, page, tmp_
     expect(page.locator("#corpus-info")).to_contain_text("32 tokens")
 
     # The checkpoint peer's results as the server records them (here without a swarm).
-    settings = app.state.settings
-    with app.state.sessionmaker.begin() as session:
+    settings = services(app).settings
+    with services(app).sessionmaker.begin() as session:
         experiment = session.scalar(select(Experiment).where(Experiment.slug == "browser-albert"))
         experiment.status = "running"
         for epoch, loss in ((1, 6.2), (4, 5.6), (9, 5.1)):

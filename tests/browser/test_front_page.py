@@ -12,6 +12,8 @@ import pytest
 from playwright.sync_api import expect
 from websockets.sync.client import connect
 
+from swarmhub.server.services import services
+
 from ..conftest import PASSWORD, LiveServer, make_experiment, make_user
 from ..support import report, worker_run
 from .conftest import ARTIFACTS, browser_app
@@ -28,7 +30,7 @@ def server(tmp_path: Path):
 
 def send_reports(server: LiveServer, username: str, slug: str, count: int) -> None:
     """Reports as a worker sends them: a bearer token from the real route, the real report websocket."""
-    db = server.server.config.app.state.sessionmaker
+    db = services(server.server.config.app).sessionmaker
     user = make_user(db, username)
     token = httpx.post(f"{server.url}/api/auth/token", json={"username": username, "password": PASSWORD})
     headers = {"Authorization": f"Bearer {token.json()['access_token']}"}
@@ -41,7 +43,7 @@ def send_reports(server: LiveServer, username: str, slug: str, count: int) -> No
 
 
 def test_front_page_shows_the_collaborations_and_follows_a_new_report(server, page):
-    db = server.server.config.app.state.sessionmaker
+    db = services(server.server.config.app).sessionmaker
     olga = make_user(db, "olga")
     params = {"size": "tiny", "warmup_steps": 10, "total_steps": 1000}
     make_experiment(db, olga, slug="albert-live", status="running", title=TITLE, task="albert-mlm", task_params=params)

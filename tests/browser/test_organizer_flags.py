@@ -12,6 +12,7 @@ from websockets.sync.client import connect
 
 from swarmhub.server import accounts, experiments
 from swarmhub.server.app import create_app
+from swarmhub.server.services import services
 from swarmhub.server.settings import Settings
 from swarmhub.worker.protocol import MetricReport
 
@@ -31,7 +32,7 @@ def claimed(tmp_path):
     )
     app = create_app(settings)
     with LiveServer(app) as server:
-        with app.state.sessionmaker.begin() as session:
+        with services(app).sessionmaker.begin() as session:
             olga = accounts.create_user(session, "olga", PASSWORD)
             mallory = accounts.create_user(session, "mallory", PASSWORD)
             experiment = experiments.create(

@@ -12,6 +12,7 @@ import pytest
 from playwright.sync_api import expect
 
 from swarmhub.server.models import User, utcnow
+from swarmhub.server.services import services
 
 from ..conftest import LiveServer, make_experiment, make_user
 from ..support import observe, witness
@@ -26,7 +27,7 @@ PAYLOAD = "<img src=x onerror=alert(1)>"
 def server(tmp_path: Path):
     app = browser_app(tmp_path)
     with LiveServer(app) as live:
-        db = app.state.sessionmaker
+        db = services(app).sessionmaker
         olga = make_user(db, "olga")
         make_user(db, "ada")
         with db.begin() as session:

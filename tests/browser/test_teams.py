@@ -13,6 +13,7 @@ import pytest
 from playwright.sync_api import expect
 
 from swarmhub.server.models import Team, TeamMember, User, utcnow
+from swarmhub.server.services import services
 
 from ..conftest import PASSWORD, LiveServer, make_experiment, make_user
 from ..support import observe, witness
@@ -28,7 +29,7 @@ DESCRIPTION = "<script>alert('team')</script><b>bold</b>"
 def server(tmp_path: Path):
     app = browser_app(tmp_path)
     with LiveServer(app) as live:
-        db = app.state.sessionmaker
+        db = services(app).sessionmaker
         olga = make_user(db, "olga")
         ada = make_user(db, "ada")
         make_user(db, "vic")
