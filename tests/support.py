@@ -4,12 +4,18 @@ them over."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from swarmhub.server import contributions, experiments, witnessed
+from swarmhub.server.models import User
 from swarmhub.worker.protocol import MetricReport
+
+from .conftest import PASSWORD, api_token
 
 
 def worker_run(db, user, slug):
@@ -83,3 +89,22 @@ def witness(db: Any, experiment_id: int, now: Any, round_id: str, epoch: int, se
     with db.begin() as session:
         experiment = session.get(experiments.Experiment, experiment_id)
         assert witnessed.record_rounds(session, experiment, witnessed.parse_rounds(items), now) == 1
+
+
+def report_over_websocket(client: Any, db: Any, user: User, slug: str, device: str, samples: int) -> None:
+    """One metric report from a worker of ``user`` on ``device``, over the real websocket."""
+    with db.begin() as session:
+        experiment = experiments.get_visible(session, slug, session.merge(user))
+        worker_id = experiments.start_worker_run(session, experiment, session.merge(user), device).id
+    headers = api_token(client, user.username)
+    with client.websocket_connect(f"/ws/experiments/{slug}/report?worker_id={worker_id}", headers=headers) as ws:
+        message = {"type": "metrics", "seq": 0, "step": 0, "epoch": 1, "samples": samples, "loss": 2.0,
+                   "samples_per_second": 40.0, "peers": 2}  # fmt: skip
+        ws.send_text(json.dumps(message))
+        assert json.loads(ws.receive_text())["type"] == "ack"
+
+
+def token_for(url: str, username: str = "alice") -> str:
+    """An API token from a live server's real token route."""
+    response = httpx.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD})
+    return response.json()["access_token"]

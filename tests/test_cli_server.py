@@ -24,6 +24,7 @@ from swarmhub.worker import swarm_tokens
 from swarmhub.worker.cli import main
 
 from .conftest import PASSWORD, LiveServer, csrf_from, make_experiment, make_user
+from .support import token_for
 
 
 @pytest.fixture
@@ -34,11 +35,6 @@ def cli_env(tmp_path, live_server):
         "SWARMHUB_SERVER": None,
         "SWARMHUB_TOKEN": None,
     }
-
-
-def token_for(url, username="alice"):
-    response = httpx.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD})
-    return response.json()["access_token"]
 
 
 def run(args, env, input=None):

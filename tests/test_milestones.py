@@ -16,8 +16,7 @@ from swarmhub.server.models import utcnow
 from swarmhub.server.services import services
 
 from .conftest import make_experiment, make_user
-from .support import observe, witness
-from .test_volunteers import report
+from .support import observe, report_over_websocket, witness
 
 pytestmark = pytest.mark.both_databases
 
@@ -69,7 +68,7 @@ def test_one_round_short_of_a_million_is_not_the_1m_milestone(client, db):
 def test_claimed_and_pending_samples_earn_nothing(client, db):
     olga, ada = make_user(db, "olga"), make_user(db, "ada")
     alpha = make_experiment(db, olga, slug="alpha", status="running")
-    report(client, db, ada, "alpha", "cpu", 5_000_000)  # claimed over the websocket
+    report_over_websocket(client, db, ada, "alpha", "cpu", 5_000_000)  # claimed over the websocket
     observe(db, alpha.id, utcnow(), ("ada", "QmA", 1, 200))  # pending in the open epoch, never in a round
     profile = client.get("/api/users/ada").json()
     assert profile["experiments"][0]["pending_samples"] == 200

@@ -42,7 +42,7 @@ from swarmhub.worker.service_units import (
 from swarmhub.worker.settings import WorkerSettings
 
 from .conftest import LiveServer, make_experiment, make_user
-from .test_cli_server import token_for
+from .support import token_for
 
 TOKEN = "shh-service-secret-token"
 NOON = datetime(2026, 12, 2, 12, 0)

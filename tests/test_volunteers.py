@@ -23,24 +23,11 @@ from swarmhub.server.app import create_app
 from swarmhub.server.models import RoundCredit, User, utcnow
 
 from .conftest import LiveServer, api_token, csrf_from, login, make_experiment, make_user
-from .support import observe, witness
+from .support import observe, report_over_websocket, witness
 
 pytestmark = pytest.mark.both_databases  # the history groups by time with each database's own functions
 
 PAYLOAD = "<img src=x onerror=alert(1)>"
-
-
-def report(client: Any, db: Any, user: User, slug: str, device: str, samples: int) -> None:
-    """One metric report from a worker of ``user`` on ``device``, over the real websocket."""
-    with db.begin() as session:
-        experiment = experiments.get_visible(session, slug, session.merge(user))
-        worker_id = experiments.start_worker_run(session, experiment, session.merge(user), device).id
-    headers = api_token(client, user.username)
-    with client.websocket_connect(f"/ws/experiments/{slug}/report?worker_id={worker_id}", headers=headers) as ws:
-        message = {"type": "metrics", "seq": 0, "step": 0, "epoch": 1, "samples": samples, "loss": 2.0,
-                   "samples_per_second": 40.0, "peers": 2}  # fmt: skip
-        ws.send_text(json.dumps(message))
-        assert json.loads(ws.receive_text())["type"] == "ack"
 
 
 @pytest.fixture
@@ -50,9 +37,9 @@ def ledger(client, db):
     alpha = make_experiment(db, olga, slug="alpha", status="running", title=PAYLOAD)
     beta = make_experiment(db, olga, slug="beta", status="running")
     draft = make_experiment(db, olga, slug="hidden-draft", status="running")
-    report(client, db, ada, "alpha", "cuda:0", 150)
-    report(client, db, grace, "alpha", "cpu", 40)
-    report(client, db, ada, "beta", "cpu", 60)
+    report_over_websocket(client, db, ada, "alpha", "cuda:0", 150)
+    report_over_websocket(client, db, grace, "alpha", "cpu", 40)
+    report_over_websocket(client, db, ada, "beta", "cpu", 60)
     t0 = utcnow()
     observe(db, alpha.id, t0, ("ada", "QmA", 1, 100), ("grace", "QmG", 1, 28))
     observe(db, alpha.id, t0 + timedelta(seconds=2), ("ada", "QmA", 1, 120), ("grace", "QmG", 1, 30))
