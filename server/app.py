@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import body_limit, exports, observability, proxies
+from . import body_limit, exports, observability, proxies, security
 from . import teams as team_service
 from . import volunteers as volunteer_service
 from .db import make_engine, make_sessionmaker, migrate
@@ -85,6 +85,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The composition root: every service of one server process, built once and kept as ``services(app)``."""
     settings = settings or Settings()
+    security.use_password_hashing(settings.password_hashing)
     engine = make_engine(settings.database_url)
     sessions = make_sessionmaker(engine)
     swarm = SwarmHost(

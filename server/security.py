@@ -11,9 +11,26 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from pydantic import AfterValidator
 
-_hasher = PasswordHasher()  # argon2-cffi defaults are Argon2id with RFC 9106 low-memory parameters
+PASSWORD_HASHING = {
+    "standard": PasswordHasher(),  # argon2-cffi's defaults: Argon2id with RFC 9106 low-memory parameters
+    # Argon2id at its smallest cost, for test suites that create thousands of accounts: never for real accounts
+    # (the settings refuse it outside SWARMHUB_ENVIRONMENT=test)
+    "minimal": PasswordHasher(time_cost=1, memory_cost=8, parallelism=1),
+}
+_hasher = PASSWORD_HASHING["standard"]
+_DUMMY_PASSWORD = "swarmhub-dummy-password"  # noqa: S105 - hashed to verify against when a user does not exist
 # A fixed hash to verify against when the user does not exist, so timing does not reveal usernames.
-_DUMMY_HASH = _hasher.hash("swarmhub-dummy-password")
+_DUMMY_HASH = _hasher.hash(_DUMMY_PASSWORD)
+
+
+def use_password_hashing(name: str) -> None:
+    """Hash new passwords with the named parameters (``Settings.password_hashing``). Stored hashes carry their
+    own parameters, so a hash made with either verifies under either."""
+    global _hasher, _DUMMY_HASH
+    if PASSWORD_HASHING[name] is not _hasher:
+        _hasher = PASSWORD_HASHING[name]
+        _DUMMY_HASH = _hasher.hash(_DUMMY_PASSWORD)
+
 
 API_TOKEN_PREFIX = "shb_"  # noqa: S105 - a public prefix, not a secret
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"  # RFC 8628 section 6.1: no vowels, no look-alikes

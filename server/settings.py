@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     swarm_lease_seconds: float = Field(default=15.0, ge=2, le=600)
     swarm_reconcile_seconds: float = Field(default=5.0, gt=0, le=60)
     cookie_secure: bool = False  # set in production behind HTTPS
+    # minimal: Argon2id at its least cost, for test suites only
+    password_hashing: Literal["standard", "minimal"] = "standard"  # noqa: S105 - a choice of parameters
     session_days: int = 14
     device_code_minutes: int = 10
     active_window_seconds: int = 30  # a worker that reported within this window counts as active
@@ -101,6 +103,8 @@ class Settings(BaseSettings):
         if self.swarm_announce_host and not self.swarm_ports:
             # hivemind cannot announce a port it does not know in advance, and a NAT must forward known ports
             raise ValueError("SWARMHUB_SWARM_ANNOUNCE_HOST needs SWARMHUB_SWARM_PORTS (the ports forwarded to us)")
+        if self.password_hashing != "standard" and self.environment != "test":  # noqa: S105
+            raise ValueError("SWARMHUB_PASSWORD_HASHING=minimal is for SWARMHUB_ENVIRONMENT=test only")
         if self.swarm_lease_seconds < 2 * self.swarm_reconcile_seconds:
             # a lease renewed once per reconcile must outlive one late reconcile
             raise ValueError("SWARMHUB_SWARM_LEASE_SECONDS must be at least twice SWARMHUB_SWARM_RECONCILE_SECONDS")

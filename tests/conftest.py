@@ -101,6 +101,7 @@ def _empty_tables(url: str) -> None:
 def settings(database_url: str, tmp_path: Path) -> Iterator[Settings]:
     yield Settings(
         environment="test",
+        password_hashing="minimal",  # Argon2id at its least cost: the suite creates thousands of accounts
         data_dir=tmp_path / "data",
         database_url=database_url,
         swarm_enabled=False,

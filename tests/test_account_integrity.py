@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from starlette.testclient import TestClient
 
+from swarmhub.server import security
 from swarmhub.server.models import User
+from swarmhub.server.settings import Settings
 from swarmhub.worker.cli import main
 
 from .conftest import PASSWORD, api_token, csrf_from, make_user
@@ -41,3 +44,26 @@ def test_a_password_reset_through_admin_ends_every_session_and_token(app, client
     assert client.get("/api/me", headers=token).status_code == 401
     assert client.post("/api/auth/token", json={"username": "olga", "password": PASSWORD}).status_code == 401
     assert client.post("/api/auth/token", json={"username": "olga", "password": NEW_PASSWORD}).status_code == 200
+
+
+def test_the_least_cost_password_hashing_is_refused_outside_test_suites(monkeypatch):
+    monkeypatch.setenv("SWARMHUB_PASSWORD_HASHING", "minimal")
+    for environment in ("development", "production"):
+        with pytest.raises(ValidationError, match="SWARMHUB_ENVIRONMENT=test only"):
+            Settings(environment=environment, cookie_secure=True)
+    assert Settings(environment="test").password_hashing == "minimal"
+
+
+def test_a_password_hashed_under_either_cost_verifies_under_the_other():
+    """Stored hashes carry their own parameters: accounts made before a change of setting still log in."""
+    try:
+        security.use_password_hashing("standard")
+        standard = security.hash_password(PASSWORD)
+        security.use_password_hashing("minimal")
+        minimal = security.hash_password(PASSWORD)
+        assert security.verify_password(standard, PASSWORD) and not security.verify_password(standard, "wrong")
+        security.use_password_hashing("standard")
+        assert security.verify_password(minimal, PASSWORD) and not security.verify_password(minimal, "wrong")
+        assert "m=8,t=1,p=1" in minimal and "m=8,t=1,p=1" not in standard
+    finally:
+        security.use_password_hashing("minimal")  # what the suite's apps use
