@@ -35,9 +35,12 @@ DOCSTRING_BYTES = 150_000  # of the standard library's docstrings: real text, bo
 
 
 def _prepare_postgres(url: str) -> str:
-    """A fresh database for this run; skipped only outside CI when no server answers."""
-    db_name = url.rsplit("/", 1)[1]
-    admin = make_engine(url.rsplit("/", 1)[0] + "/postgres")
+    """A fresh database of this test process's own (the URL's name and the process id: parallel test processes
+    and runs from other checkouts do not share one); skipped only outside CI when no server answers."""
+    server, base_name = url.rsplit("/", 1)
+    db_name = f"{base_name}_{os.getpid()}"
+    url = f"{server}/{db_name}"
+    admin = make_engine(server + "/postgres")
     try:
         with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
@@ -49,6 +52,16 @@ def _prepare_postgres(url: str) -> str:
     finally:
         admin.dispose()
     return url
+
+
+def _drop_postgres(url: str) -> None:
+    server, db_name = url.rsplit("/", 1)
+    admin = make_engine(server + "/postgres")
+    try:
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -83,6 +96,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     migrate(engine)
     engine.dispose()
     yield url
+    if request.param == "postgresql":
+        _drop_postgres(url)
 
 
 def _empty_tables(url: str) -> None:

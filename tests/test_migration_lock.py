@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from swarmhub.server.db import make_engine
 
-from .conftest import POSTGRES_URL, _prepare_postgres
+from .conftest import POSTGRES_URL, _drop_postgres, _prepare_postgres
 
 pytestmark = pytest.mark.both_databases  # the migration lock is a database lock
 
@@ -48,4 +48,5 @@ def test_three_processes_starting_together_migrate_once():
             tables = set(sa.inspect(conn).get_table_names())
     finally:
         engine.dispose()
+        _drop_postgres(url)
     assert len(versions) == 1 and {"users", "experiments", "swarm_leases"} <= tables, (versions, tables)
