@@ -15,13 +15,21 @@ from swarmhub.worker import robust, swarm_access
 from .conftest import api_token, make_user
 
 
-def reduce(parts: list[torch.Tensor], weights: list[float], aggregation: str, max_weight: float = math.inf):
-    """One slice through the guarded reducer, every sender concurrently, as hivemind's all-reduce calls it."""
+def reduce(
+    parts: list[torch.Tensor],
+    weights: list[float],
+    aggregation: str,
+    max_weight: float = math.inf,
+    state_round: bool = False,
+):
+    """One slice through the guarded reducer, every sender concurrently, as hivemind's all-reduce calls it (a
+    gradient round, or with ``state_round`` a round of the state averager, which the runner marks so)."""
     robust.POLICY.aggregation, robust.POLICY.max_weight = aggregation, max_weight
     reducer_class = robust.make_reducer_class()
 
     async def run() -> list[torch.Tensor]:  # made in the loop, as hivemind's all-reduce makes it
-        reducer = reducer_class([parts[0].shape], len(parts), [f"peer-{i}" for i in range(len(parts))])
+        senders = [f"peer-{i}" for i in range(len(parts))]
+        reducer = reducer_class([parts[0].shape], len(parts), senders, "state" if state_round else None)
         calls = [reducer.accumulate_part(i, 0, part, weight=w) for i, (part, w) in enumerate(zip(parts, weights))]
         return await asyncio.gather(*calls)
 
@@ -137,6 +145,27 @@ def test_centered_clip_of_honest_parts_is_their_mean_within_their_spread():
     parts = honest(4)
     spread = max((p - sum(parts) / 4).norm() for p in parts)
     assert (reduce(parts, [1.0] * 4, "centered-clip") - sum(parts) / 4).norm() < 0.2 * spread
+
+
+def test_a_state_round_averages_peers_a_step_apart_instead_of_taking_one_side():
+    """Peers in step hold identical parameters. Two that missed the last step and two that took it: a robust
+    estimate around the medoid takes one pair's parameters whole (here the stale pair's, undoing the step for
+    everyone); a state round under centered-clip is the weighted mean, as under hivemind's own averaging."""
+    behind = torch.linspace(-1.0, 1.0, 2000)
+    ahead = behind - 0.01 * torch.sign(behind)  # one optimizer step later
+    parts = [behind.clone(), behind.clone(), ahead.clone(), ahead.clone()]
+    medoid = robust.centered_clip(torch.stack(parts), torch.ones(4))
+    assert torch.equal(medoid, behind)  # the stale side, whole
+    result = reduce(parts, [1.0] * 4, "centered-clip", state_round=True)
+    assert torch.allclose(result, (behind + ahead) / 2, atol=1e-6)
+
+
+def test_a_state_round_leaves_out_a_part_whose_norm_is_far_from_the_others():
+    parts = [*honest(), honest(1, seed=1)[0] * 100]  # an attacker's parameters x100
+    result = reduce(parts, [1.0] * 4, "centered-clip", state_round=True)
+    assert torch.allclose(result, sum(parts[:3]) / 3, atol=1e-6)
+    two = reduce([parts[0], parts[3]], [1.0, 1.0], "mean", state_round=True)  # no majority: the smaller norm is kept
+    assert torch.equal(two, parts[0])
 
 
 def test_the_swarm_s_epoch_has_one_vote_per_account():

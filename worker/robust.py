@@ -149,8 +149,34 @@ def centered_clip(parts: torch.Tensor, weights: torch.Tensor, iterations: int = 
     return center
 
 
+def state_parts(parts: Sequence[torch.Tensor], weights: Sequence[float]) -> list[float]:
+    """The weights of a state round's parts (parameters, not gradients), each set to zero when the part's norm is
+    over STATE_NORM_JUMP times the reference norm or under its 1/STATE_NORM_JUMP: the median norm with three parts
+    or more, the smaller one with two. Honest peers' parameters differ by a few steps at most, so their norms are
+    within a percent of each other; a part scaled by an attacker is left out.
+
+    A state round is not a gradient round: peers that are in step hold *identical* parameters, so a robust
+    estimate around the medoid (CenteredClip) takes the side of whichever peers happen to be identical, often those
+    that missed the last step, and undoes the others' step (docs/benchmarks.md section 5). The weighted mean of the
+    parts within bounds keeps hivemind's behaviour for honest peers."""
+    norms = [float(p.float().norm()) for p in parts]
+    live = [n for n, w in zip(norms, weights, strict=True) if w > 0]
+    if not live:
+        return list(weights)
+    reference = statistics.median_low(live) if len(live) >= 3 else min(live)
+    return [
+        w if reference / STATE_NORM_JUMP <= n <= reference * STATE_NORM_JUMP or reference == 0 == n else 0.0
+        for n, w in zip(norms, weights, strict=True)
+    ]
+
+
 def combine(parts: Sequence[torch.Tensor], weights: Sequence[float], aggregation: str) -> torch.Tensor:
-    """One slice's result from the senders' ``parts`` and (already capped) ``weights``."""
+    """One slice's result from the senders' ``parts`` and (already capped) ``weights``. ``aggregation`` is the
+    experiment's (``mean`` or ``centered-clip``) for a gradient round, ``state`` for a state round (parameters:
+    the weighted mean of the parts whose norm is in bounds, :func:`state_parts`)."""
+    if aggregation == "state":
+        weights = state_parts(parts, weights)
+        aggregation = "mean"
     kept = [(p, w) for p, w in zip(parts, weights, strict=True) if w > 0]
     if not kept:  # nothing trustworthy in this slice: it averages to zero (no update from it)
         return torch.zeros_like(parts[0]) if parts else torch.zeros(0)
@@ -191,8 +217,15 @@ def make_reducer_class() -> type:
 
         Memory: one slice (hivemind's part size, 512 KiB by default) per sender at a time."""
 
-        def __init__(self, part_shapes: Sequence[torch.Size], num_senders: int, sender_ids: Sequence[str] = ()):
+        def __init__(
+            self,
+            part_shapes: Sequence[torch.Size],
+            num_senders: int,
+            sender_ids: Sequence[str] = (),
+            aggregation: str | None = None,
+        ):
             self.sender_ids = list(sender_ids)
+            self.aggregation = aggregation  # None: the experiment's (POLICY.aggregation), read when combining
             self.claimed = [0.0] * num_senders  # the largest weight each sender claimed in this round
             self.dropped: set[int] = set()
             self.overclaimed: set[int] = set()
@@ -260,7 +293,7 @@ def make_reducer_class() -> type:
                 held = self._held
                 if held.parts:
                     weights = capped_weights(held.weights, POLICY.max_weight)
-                    result = combine(held.parts, weights, POLICY.aggregation)
+                    result = combine(held.parts, weights, self.aggregation or POLICY.aggregation)
                 else:
                     result = torch.zeros(self.part_shapes[self.current_part_index])
                 self.current_part_future.set_result(result)
@@ -285,7 +318,11 @@ def make_runner_class() -> type:
             vars(self)["tensor_part_reducer"].finished.set()
             shapes = tuple(part.shape for part in self.parts_for_local_averaging)
             senders = [peer.to_base58() for peer in self.sender_peer_ids]
-            self.tensor_part_reducer = reducer_class(shapes, len(self.sender_peer_ids), senders)
+            # gradients are combined the experiment's way; the state averager's rounds (parameters) by state_parts
+            gradients = (self._prefix or "").endswith("_grad_averager")
+            self.tensor_part_reducer = reducer_class(
+                shapes, len(self.sender_peer_ids), senders, None if gradients else "state"
+            )
             container = self.tensor_part_container
             register = container.register_processed_part
             ordered = [peer.to_base58() for peer in self.ordered_peer_ids]
