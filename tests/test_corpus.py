@@ -75,7 +75,7 @@ def zipped(text: str) -> bytes:
     ("data", "kind"),
     [
         (zipped("some text\n"), "looks like a zip archive (.zip, .docx, .xlsx, .odt, .epub): upload plain text"),
-        (gzip.compress(b"some text\n"), "looks like a gzip archive: upload plain text"),
+        (gzip.compress(b"some text\n", mtime=0), "looks like a gzip archive: upload plain text"),
         (b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n1 0 obj", "looks like a PDF document: upload plain text"),
         (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "looks like a PNG image: upload plain text"),
         ("some text\n".encode("utf-16"), "looks like UTF-16 text: save it as UTF-8"),
