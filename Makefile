@@ -53,15 +53,11 @@ demo: setup
 server: setup
 	$(BIN)/swarmhub server
 
-# Two pytest workers (pytest-xdist): the tests that run real processes go one at a time on one of them (their
-# xdist_group, see tests/conftest.py) while the rest spread over both.
-TEST_WORKERS ?= 2
-
 test: setup setup-browser setup-faketime
-	SWARMHUB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10
+	SWARMHUB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest --durations=10
 
 test-fast: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not e2e and not browser and not swarm"
+	$(BIN)/python -m pytest -m "not e2e and not browser and not swarm"
 
 # mypy cannot follow setuptools' package-dir mapping: it checks a tree of links laid out as installed.
 check: setup

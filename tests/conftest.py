@@ -76,20 +76,6 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-# Tests that run real peer processes, servers or a browser (or assert a latency) run one at a time, on one xdist
-# worker: two swarms on two cores would each train at half speed, and their time-bound checks would measure the other.
-# Every other test spreads over the workers meanwhile (``make test`` runs ``-n 2 --dist loadgroup``).
-SERIAL_MARKERS = ("e2e", "swarm", "browser")
-SERIAL_MODULES = ("test_live_latency", "test_reporter", "test_nothing_lost", "test_service", "test_migration_lock")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-        if module in SERIAL_MODULES or any(item.get_closest_marker(name) for name in SERIAL_MARKERS):
-            item.add_marker(pytest.mark.xdist_group("processes"))
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """``database_url`` is SQLite, and PostgreSQL too for ``both_databases`` tests (or with ``--all-databases``)."""
     if "database_url" not in metafunc.fixturenames:

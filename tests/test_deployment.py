@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 from starlette.routing import Mount
 
 from swarmhub.server.app import create_app
+from swarmhub.server.services import services as app_services
 from swarmhub.server.settings import Settings
 from swarmhub.worker.cli import main as cli
 from swarmhub.worker.settings import WorkerSettings
@@ -242,7 +243,7 @@ def deployed_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         Settings(environment="test", data_dir=data, database_url=f"sqlite:///{data / 'db'}", swarm_enabled=False)
     )
     yield app
-    services(app).engine.dispose()
+    app_services(app).engine.dispose()
 
 
 @pytest.fixture
