@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from swarmhub.worker import robust, swarm_access
+from swarmhub.worker import aggregation, robust, swarm_access
 
 from .conftest import api_token, make_user
 
@@ -67,8 +67,8 @@ def test_a_huge_claimed_weight_counts_at_most_twice_the_median_and_never_over_th
     # the liar counts as 128 (2 x the median claim), not as 1e12: its share is 128 / 320
     expected = (64 * (parts[0] + parts[1] + parts[2]) + 128 * parts[3]) / 320
     assert torch.allclose(result, expected, atol=1e-5)
-    assert robust.capped_weights([64.0, 1e12], max_weight=256.0) == [64.0, 256.0]  # two senders: the batch caps it
-    assert robust.capped_weights([64.0, float("inf"), -5.0, float("nan")]) == [64.0, 0.0, 0.0, 0.0]
+    assert aggregation.capped_weights([64.0, 1e12], max_weight=256.0) == [64.0, 256.0]  # two senders: the batch caps it
+    assert aggregation.capped_weights([64.0, float("inf"), -5.0, float("nan")]) == [64.0, 0.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize("attack", ["x-1000", "x100", "noise"])
@@ -134,10 +134,10 @@ def test_a_part_inside_the_outlier_bound_moves_the_result_by_at_most_its_share_o
     spread = max((p - mean_honest).norm() for p in parts)
     direction = torch.randn(2000, generator=torch.Generator().manual_seed(3))
     for factor in (0.3, 0.6, 0.9):  # how far out, as a share of the outlier bound
-        bad = mean_honest + factor * robust.CLIP_OUTLIER_FACTOR * spread * direction / direction.norm()
+        bad = mean_honest + factor * aggregation.CLIP_OUTLIER_FACTOR * spread * direction / direction.norm()
         clipped = reduce([*parts, bad], [1.0] * 4, "centered-clip")
         off = float((reduce([*parts, bad], [1.0] * 4, "mean") - mean_honest).norm())  # a quarter of its distance
-        assert off == pytest.approx(factor * robust.CLIP_OUTLIER_FACTOR * float(spread) / 4, rel=1e-3)
+        assert off == pytest.approx(factor * aggregation.CLIP_OUTLIER_FACTOR * float(spread) / 4, rel=1e-3)
         assert (clipped - mean_honest).norm() < 0.6 * spread  # clipped: the same bound however far out it is
 
 
@@ -154,7 +154,7 @@ def test_a_state_round_averages_peers_a_step_apart_instead_of_taking_one_side():
     behind = torch.linspace(-1.0, 1.0, 2000)
     ahead = behind - 0.01 * torch.sign(behind)  # one optimizer step later
     parts = [behind.clone(), behind.clone(), ahead.clone(), ahead.clone()]
-    medoid = robust.centered_clip(torch.stack(parts), torch.ones(4))
+    medoid = aggregation.centered_clip(torch.stack(parts), torch.ones(4))
     assert torch.equal(medoid, behind)  # the stale side, whole
     result = reduce(parts, [1.0] * 4, "centered-clip", state_round=True)
     assert torch.allclose(result, (behind + ahead) / 2, atol=1e-6)

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from . import robust, swarm_access
+from .aggregation import STATE_NORM_JUMP
 from .swarm_epoch import Roster, bounded_progress
 
 logger = logging.getLogger(__name__)
-STATE_NORM_JUMP = robust.STATE_NORM_JUMP
 
 
 def order_sources(

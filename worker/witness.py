@@ -5,7 +5,7 @@ Volunteers are strangers; the server's peers are the only ones the hub vouches f
 takes part in every gradient averaging round as a reducer (it computes no gradients; every reachable peer
 reduces a slice of the vector, see ``load_balancing``), so its reducer receives a slice from every sender with
 the weight that sender claimed. When a round completes there, the reducer reports its senders (each with its
-weight as counted: capped, see ``robust.capped_weights``; a sender whose slice was not finite or incomplete is
+weight as counted: capped, see ``aggregation.capped_weights``; a sender whose slice was not finite or incomplete is
 left out) through :data:`robust.POLICY`'s ``witness`` hook; :class:`Witness` collects these in the peer's main
 process and publishes the newest ones, with the peers it flagged, as a DHT record under
 ``{run_id}_witness``, signed by the server peer's own key (an owner subkey, as the roster's entries are). The
