@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,12 +24,9 @@ from ..live import LiveHub
 from ..models import Corpus, Experiment, utcnow
 from ..settings import Settings
 from . import events as peer_events
-from .host import SwarmHost
+from .host import HostedSwarm, SwarmHost
 
 logger = logging.getLogger("swarmhub.server")
-
-# per leased run_id: the experiment's signing key, its removed volunteers, the aux peer's config, the keeper's
-HostedSwarm = tuple[str, list[str], dict[str, Any] | None, dict[str, Any] | None]
 
 
 class SwarmCoordinator:
@@ -48,9 +46,13 @@ class SwarmCoordinator:
 
     def reconcile_soon(self) -> None:
         """Reconcile now rather than at the next interval (a status change, a removal, a peer that is ready)."""
+        self._in_loop(self._wake.set)
+
+    def _in_loop(self, action: Callable[[], object]) -> None:
+        """Run ``action`` in the server's event loop (from any thread); nothing while the loop does not run."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._wake.set)
+            loop.call_soon_threadsafe(action)
 
     async def run(self) -> None:
         """Reconcile until cancelled; a failed round is logged and the next one runs on time."""
@@ -86,9 +88,7 @@ class SwarmCoordinator:
 
     def _mark_live(self, slug: str) -> None:
         """Tell the experiment's live dashboards (from a peer's reader thread)."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self.live.mark, slug)
+        self._in_loop(lambda: self.live.mark(slug))
 
     # -- what one reconcile reads and writes -------------------------------------------------------------------
 

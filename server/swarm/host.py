@@ -47,6 +47,11 @@ class Peer:
     port: int = 0  # 0: a random one
 
 
+# per running experiment this process hosts: its signing key, its removed volunteers, the auxiliary peer's config
+# and the checkpoint peer's (None: that peer is not run)
+HostedSwarm = tuple[str, list[str], dict[str, Any] | None, dict[str, Any] | None]
+
+
 class SwarmHost:
     def __init__(
         self,
@@ -279,9 +284,7 @@ class SwarmHost:
         _terminate(peer.process, timeout)
         logger.info("stopped swarm peer for %s", run_id)
 
-    def reconcile(
-        self, running: dict[str, tuple[str, list[str], dict[str, Any] | None, dict[str, Any] | None]]
-    ) -> None:
+    def reconcile(self, running: dict[str, HostedSwarm]) -> None:
         """Run exactly one peer per running experiment (run_id -> signing key, removed usernames, the
         experiment's config when it asks for an auxiliary peer, and the checkpoint peer's config when its task
         keeps checkpoints); restart any that died; keep each peer's deny-list file current."""
