@@ -100,10 +100,11 @@ def run_swarmhub(cfg: dict[str, Any]) -> None:
     from swarmhub.worker.protocol import JoinResponse
 
     join = JoinResponse.model_validate_json(cfg["join"])
-    if cfg.get("seed") is not None:
-        torch.manual_seed(cfg["seed"])  # the same initial weights in every process that uses this seed
+    seed = cfg.get("seed")
+    if seed is not None:
+        torch.manual_seed(seed)
     caught: dict[str, torch.nn.Module] = {}
-    if cfg.get("evaluate"):
+    if cfg.get("evaluate") or seed is not None:
         original = training.load_task
 
         def load_task(name: str, params: dict[str, Any]) -> Any:
@@ -111,8 +112,11 @@ def run_swarmhub(cfg: dict[str, Any]) -> None:
             build = task.build_model
 
             def build_model() -> torch.nn.Module:
+                if seed is not None:  # the same initial weights in every process (and every swarm) of this seed
+                    torch.manual_seed(seed)
                 caught["model"] = build()
-                emit({"event": "init", "eval_loss": full_loss(caught["model"])})
+                if cfg.get("evaluate"):
+                    emit({"event": "init", "eval_loss": full_loss(caught["model"])})
                 return caught["model"]
 
             task.build_model = build_model  # type: ignore[method-assign]

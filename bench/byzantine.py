@@ -68,10 +68,13 @@ load_task = training.load_task
 def keep_model(*args, **kwargs):
     task = load_task(*args, **kwargs)
     build = task.build_model
-    task.build_model = lambda: models.append(build()) or models[-1]
+    def build_seeded():  # every peer of every swarm starts from the same model (its data order: its worker ID)
+        torch.manual_seed(0)
+        models.append(build())
+        return models[-1]
+    task.build_model = build_seeded
     return task
 training.load_task = keep_model
-torch.manual_seed(0)  # every peer of every swarm starts from the same model (its data order: its worker ID)
 t0 = time.time()
 stop = threading.Event()
 def at_epoch(progress):  # every peer stops once the swarm has taken `epochs` optimizer steps

@@ -54,6 +54,23 @@ def test_batches_are_endless_and_seeded() -> None:
     assert not torch.equal(first[0], other)
 
 
+def test_every_peer_of_a_run_starts_from_the_same_model() -> None:
+    """Peers that join a run together build identical initial weights (seeded from the run ID), another run's
+    differ, and the caller's random state is left as it was."""
+    from swarmhub.worker.training import initial_model
+
+    task = DigitsTask({"hidden_size": 32})
+    torch.manual_seed(7)
+    expected_next = torch.rand(3)
+    torch.manual_seed(7)
+    first, again, other = (initial_model(task, run) for run in ("run-a", "run-a", "run-b"))
+    assert torch.equal(torch.rand(3), expected_next)
+    weights = (model.state_dict().values() for model in (first, again, other))
+    pairs = list(zip(*weights, strict=True))
+    assert all(torch.equal(a, b) for a, b, _ in pairs)
+    assert not all(torch.equal(a, c) for a, _, c in pairs)
+
+
 def test_a_few_sgd_steps_lower_the_loss() -> None:
     torch.manual_seed(0)
     task = DigitsTask({"batch_size": 64, "hidden_size": 32})

@@ -144,6 +144,16 @@ def data_seed(worker_id: str) -> int:
     return int.from_bytes(hashlib.sha256(worker_id.encode()).digest()[:4], "big")
 
 
+def initial_model(task: Task, run_id: str) -> torch.nn.Module:
+    """The task's model with the run's initial weights: every peer of one run (seeded from the run ID) builds the
+    same model, so peers that start together, before any of them has a state to share, train one model from the
+    first step instead of averaging different random ones. The caller's random state is left as it was."""
+    seed = int.from_bytes(hashlib.sha256(f"model:{run_id}".encode()).digest()[:8], "big")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return task.build_model()
+
+
 @contextlib.contextmanager
 def _sigint_handler_kept() -> Iterator[None]:
     """hivemind's averagers set SIGINT to SIG_IGN in the *calling* process when they start (so that their
@@ -213,7 +223,8 @@ def train(
                 ExitCode.ERROR,
             )
         task.attach(corpus)
-    model = task.build_model().to(torch_device)  # parameters stay fp32 everywhere: the swarm averages one dtype
+    # parameters stay fp32 everywhere: the swarm averages one dtype
+    model = initial_model(task, join.run_id).to(torch_device)
     batches = task.batches(seed=data_seed(join.worker_id))
     summary = TrainingSummary()
     amp = resolve_precision(precision, torch_device)
