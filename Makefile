@@ -53,8 +53,9 @@ demo: setup
 server: setup
 	$(BIN)/swarmhub server
 
+# Two lanes at once (tests/lanes.py): the real-process swarm and e2e tests one at a time, everything else beside them.
 test: setup setup-browser setup-faketime
-	SWARMHUB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest --durations=10
+	SWARMHUB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m tests.lanes $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not e2e and not browser and not swarm"

@@ -19,7 +19,7 @@ from swarmhub.worker.protocol import Overlap
 
 from .swarm_processes import LineReader, Swarm, kill_all, make_join, tagged_env, wait_gone
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.solo]  # training pace is asserted: see tests/lanes.py
 
 # train() with the options in argv[1] (JSON); prints progress (with a wall-clock time) and the summary.
 WORKER = """

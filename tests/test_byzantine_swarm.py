@@ -23,7 +23,7 @@ from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
 
 from .swarm_processes import LineReader, Swarm, kill_all, tagged_env, wait_gone
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.solo]  # training pace is asserted: see tests/lanes.py
 
 PEER = """
 import dataclasses, json, os, signal, sys, threading

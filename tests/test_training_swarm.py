@@ -15,7 +15,7 @@ from swarmhub.worker.client import ExitCode
 
 from .swarm_processes import LineReader, Swarm, kill_all, make_join, tagged_env, tagged_processes, wait_gone
 
-pytestmark = pytest.mark.swarm
+pytestmark = [pytest.mark.swarm, pytest.mark.solo]  # training pace is asserted: see tests/lanes.py
 
 STEPS = 30  # per worker: about 10 swarm epochs
 

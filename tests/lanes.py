@@ -1,0 +1,123 @@
+"""`make test`: the whole suite in two lanes that run at the same time.
+
+- **processes**: the tests marked ``e2e`` or ``solo`` run real servers and real peers that train for a while. They
+  run one at a time, in one pytest process: two training swarms side by side slow each other, and these tests'
+  bounds on how far a swarm trains assume it has the machine's spare cores.
+- **the rest**: database, HTTP, browser and unit tests, and the short swarm tests (admission, leases, rogue
+  requests, state downloads), in a second pytest process. They mostly wait on the database, a socket, a peer or
+  the browser, and leave most of a core idle.
+
+The processes lane's output streams as it goes; the other lane's is printed whole when it ends. Last come the
+ten slowest tests of both lanes, each lane's time, and the exit status: the first failing lane's, else 0.
+
+    python -m tests.lanes [PYTEST ARGS...]    # arguments are passed to both lanes (for example -x or -k NAME)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LANES = {"processes": "e2e or solo", "the rest": "not e2e and not solo"}
+NO_TESTS = 5  # pytest's exit status when a lane's selection is empty (for example under -k): not a failure
+
+
+@dataclass
+class Lane:
+    name: str
+    marks: str
+    folder: Path
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    ended: float = 0.0
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def junit(self) -> Path:
+        return self.folder / f"{self.name.replace(' ', '-')}.xml"
+
+    @property
+    def log(self) -> Path:
+        return self.folder / f"{self.name.replace(' ', '-')}.log"
+
+    def start(self, args: list[str], stream: bool) -> None:
+        command = [sys.executable, "-m", "pytest", "-m", self.marks, f"--junitxml={self.junit}", *args]
+        out = subprocess.PIPE if stream else self.log.open("wb")
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+
+    def wait(self) -> int:
+        assert self.process is not None
+        status = self.process.wait()
+        self.ended = self.ended or time.monotonic()
+        return status
+
+
+def slowest(lanes: list[Lane], count: int = 10) -> list[tuple[float, str, str]]:
+    """The ``count`` slowest tests of both lanes (set-up, call and tear-down together), from their JUnit files."""
+    found = []
+    for lane in lanes:
+        if not lane.junit.exists():
+            continue
+        for case in ET.parse(lane.junit).getroot().iter("testcase"):
+            name = f"{case.get('classname', '')}::{case.get('name', '')}"
+            found.append((float(case.get("time") or 0), name, lane.name))
+    return sorted(found, reverse=True)[:count]
+
+
+def main(args: list[str]) -> int:
+    folder = Path(os.environ.get("SWARMHUB_TEST_LANES_DIR") or tempfile.mkdtemp(prefix="swarmhub-lanes-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    processes, rest = (Lane(name, marks, folder) for name, marks in LANES.items())
+    began = time.monotonic()
+    processes.start(args, stream=True)
+    rest.start(args, stream=False)
+    print(f"lane 'processes' ({processes.marks}) streams below; lane 'the rest' writes {rest.log}", flush=True)
+
+    rest_done = threading.Event()
+
+    def watch_rest() -> None:
+        rest.wait()
+        rest_done.set()
+
+    threading.Thread(target=watch_rest, daemon=True).start()
+    printed_rest = False
+
+    def print_rest() -> None:
+        nonlocal printed_rest
+        print(f"\n===== lane 'the rest' ended after {rest.ended - rest.started:.0f} s =====", flush=True)
+        sys.stdout.write(rest.log.read_text(errors="replace"))
+        print("===== (lane 'processes' goes on) =====\n" if processes.process.poll() is None else "", flush=True)
+        printed_rest = True
+
+    assert processes.process is not None and processes.process.stdout is not None
+    for raw in processes.process.stdout:  # whole lines: the other lane's log is printed between two of them
+        sys.stdout.write(raw.decode(errors="replace"))
+        sys.stdout.flush()
+        if rest_done.is_set() and not printed_rest:
+            print_rest()
+    statuses = {processes.name: processes.wait(), rest.name: rest.wait()}
+    if not printed_rest:
+        print_rest()
+
+    print("\n===== the ten slowest tests of both lanes (set-up, call and tear-down) =====")
+    for seconds, name, lane in slowest([processes, rest]):
+        print(f"{seconds:8.1f} s  {name}  [{lane}]")
+    for lane in (processes, rest):
+        print(f"lane '{lane.name}': {lane.ended - lane.started:.0f} s, pytest exit status {statuses[lane.name]}")
+    print(f"the suite: {time.monotonic() - began:.0f} s of wall-clock time", flush=True)
+    failed = [status for status in statuses.values() if status not in (0, NO_TESTS)]
+    if all(status == NO_TESTS for status in statuses.values()):
+        return NO_TESTS
+    return failed[0] if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
