@@ -19,7 +19,7 @@ from swarmhub.worker.protocol import Overlap
 
 from .swarm_processes import LineReader, Swarm, kill_all, make_join, tagged_env, wait_gone
 
-pytestmark = [pytest.mark.swarm, pytest.mark.solo]  # training pace is asserted: see tests/lanes.py
+pytestmark = pytest.mark.swarm
 
 # train() with the options in argv[1] (JSON); prints progress (with a wall-clock time) and the summary.
 WORKER = """
@@ -115,6 +115,7 @@ def summary_of(events: list[dict[str, Any]]) -> dict[str, Any]:
     return events[-1]
 
 
+@pytest.mark.solo  # how far it trains is asserted: see tests/lanes.py
 def test_mixed_precision_peers_and_an_auxiliary_peer_average_together(swarm_peer: Swarm, tmp_path: Path) -> None:
     """An fp32 peer and a bf16 peer train together (parameters and averaged tensors are fp32 on both), and an
     auxiliary peer (no gradients, measured bandwidth) joins their averaging groups."""
@@ -141,6 +142,7 @@ def test_mixed_precision_peers_and_an_auxiliary_peer_average_together(swarm_peer
     assert workers.procs["aux"].returncode == 0, workers.stderr("aux")
 
 
+@pytest.mark.solo  # how far it trains is asserted: see tests/lanes.py
 def test_delayed_averaging_trains_together(swarm_peer: Swarm, tmp_path: Path) -> None:
     workers = Workers(swarm_peer, tmp_path, overlap=Overlap.delayed_averaging)
     try:
@@ -157,6 +159,7 @@ def test_delayed_averaging_trains_together(swarm_peer: Swarm, tmp_path: Path) ->
         assert summary["last_loss"] < summary["first_loss"], (name, summary)
 
 
+@pytest.mark.solo  # how far it trains is asserted: see tests/lanes.py
 def test_a_late_joiner_loads_the_state_and_a_killed_peer_stalls_no_one_for_long(
     swarm_peer: Swarm, tmp_path: Path
 ) -> None:

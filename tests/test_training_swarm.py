@@ -15,7 +15,7 @@ from swarmhub.worker.client import ExitCode
 
 from .swarm_processes import LineReader, Swarm, kill_all, make_join, tagged_env, tagged_processes, wait_gone
 
-pytestmark = [pytest.mark.swarm, pytest.mark.solo]  # training pace is asserted: see tests/lanes.py
+pytestmark = pytest.mark.swarm
 
 STEPS = 30  # per worker: about 10 swarm epochs
 
@@ -52,6 +52,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.solo  # how far it trains is asserted: see tests/lanes.py
 @pytest.mark.parametrize("modes", [("public", "public"), ("public", "client")], ids=["public", "one-client"])
 def test_two_workers_average_gradients_and_leave_no_processes(
     swarm_peer: Swarm, tmp_path: Path, modes: tuple[str, str]

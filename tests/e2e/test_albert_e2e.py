@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+import signal
 import subprocess
 import time
 import zipfile
@@ -239,9 +240,13 @@ def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp
             assert saved["info"]["schedule_step"] == step, (checkpoint, saved["info"])
             rate = 0.06 * min((step + 1) / 2, (2000 - step) / 1998)  # TASK's warm-up and linear decay
             assert saved["rates"] == pytest.approx([rate] * len(saved["rates"]), rel=1e-6), (step, saved["rates"])
+        deadline = time.monotonic() + 60  # her reports go out every few seconds
+        while not any(epoch >= restored[0]["epoch"] for epoch, _ in reports(tmp_path, "joan")):
+            assert time.monotonic() < deadline, (tmp_path / "joan.out").read_text()[-3000:]
+            time.sleep(1)
+        joan[2].send_signal(signal.SIGTERM)  # her step limit is a bound, not the plan: the test has what it needs
         seen, outputs = wait_volunteers([joan], tmp_path)
-        assert joan[2].returncode == 0, outputs["joan"][-3000:]
-        assert any(epoch >= restored[0]["epoch"] for epoch, _ in reports(tmp_path, "joan")), outputs["joan"][-3000:]
+        assert joan[2].returncode in (0, 143), outputs["joan"][-3000:]  # 143: she left the swarm cleanly on SIGTERM
         assert abs(after["eval_loss"] - target["eval_loss"]) < abs(after["eval_loss"] - reached["eval_loss"]), (
             target,
             reached,
