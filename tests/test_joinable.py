@@ -8,9 +8,11 @@ from datetime import timedelta
 
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
+from sqlalchemy import update
 
 from swarmhub.server import experiments
 from swarmhub.server.metrics.common import current_time
+from swarmhub.server.models import SwarmPeerKey
 
 from .conftest import api_token, make_experiment, make_user
 
@@ -113,6 +115,33 @@ def test_only_what_the_join_would_accept_is_offered(client, db):
     assert slugs(client, "vera") == ["open-run", "private-run"]  # same need and rate: by name
     # the organizer may join all of their running experiments, however they take volunteers
     assert slugs(client, "olga") == ["banned-run", "listed-run", "open-run", "private-run"]
+
+
+def test_an_experiment_where_the_volunteer_runs_as_many_peers_as_allowed_is_not_offered(client, db):
+    """vera already runs two peers where the organizer allows two per volunteer: a third would wait for a free
+    slot, so the list leaves that experiment out until one of her tokens expires."""
+    olga = make_user(db, "olga")
+    make_user(db, "vera")
+    make_experiment(db, olga, slug="full-run", status="running", max_peers_per_volunteer=2)
+    make_experiment(db, olga, slug="other-run", status="running")
+    headers = api_token(client, "vera")
+    keys = [RSAPrivateKey().get_public_key().to_bytes().decode() for _ in range(3)]
+    assert slugs(client, "vera") == ["full-run", "other-run"]
+    for key in keys[:1]:
+        token = client.post("/api/experiments/full-run/swarm-token", json={"peer_public_key": key}, headers=headers)
+        assert token.status_code == 200, token.text
+    assert slugs(client, "vera") == ["full-run", "other-run"]  # one of two: room for another
+    token = client.post("/api/experiments/full-run/swarm-token", json={"peer_public_key": keys[1]}, headers=headers)
+    assert token.status_code == 200, token.text
+    assert slugs(client, "vera") == ["other-run"]
+    # the list and the join agree: her third peer is refused until a slot frees
+    third = client.post("/api/experiments/full-run/join", json={"peer_public_key": keys[2]}, headers=headers)
+    assert third.status_code == 429, third.text
+    assert slugs(client, "olga") == ["full-run", "other-run"]  # her peers count against her only
+
+    with db.begin() as session:  # her tokens expire unrenewed
+        session.execute(update(SwarmPeerKey).values(expires_at=current_time() - timedelta(seconds=1)))
+    assert slugs(client, "vera") == ["full-run", "other-run"]
 
 
 def test_anonymous_callers_are_asked_to_log_in(client):

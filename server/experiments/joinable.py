@@ -3,7 +3,9 @@
 
 Whether the volunteer may join is the join route's own check (:func:`.membership.check_joinable`: running, not
 removed, invited or listed where the experiment asks for it), applied to every running experiment, so the list never
-offers what the join would refuse. How much each needs peers is :func:`swarmhub.worker.choice.need` of its peers
+offers what the join would refuse. An experiment in which the volunteer already holds valid swarm tokens for as many
+peer keys as its organizer allows (``max_peers_per_volunteer``) is left out too: a new peer of theirs would be refused
+(429) until one of those tokens expires. How much each needs peers is :func:`swarmhub.worker.choice.need` of its peers
 online: the worker runs that reported within the active window, as ``/api/hub`` counts volunteers online.
 """
 
@@ -18,7 +20,7 @@ from swarmhub.worker.choice import JoinableExperiment, by_need, need
 
 from ..errors import AppError
 from ..metrics.common import current_time
-from ..models import User, WorkerRun
+from ..models import Experiment, SwarmPeerKey, User, WorkerRun
 from .lifecycle import running
 from .membership import check_joinable
 
@@ -39,11 +41,23 @@ def joinable(session: Session, user: User, window_seconds: int) -> list[Joinable
             .group_by(WorkerRun.experiment_id)
         )
     }
+    now = current_time()
+    peers_held = dict(
+        session.execute(
+            select(SwarmPeerKey.experiment_id, func.count())
+            .where(SwarmPeerKey.user_id == user.id, SwarmPeerKey.expires_at > now)
+            .group_by(SwarmPeerKey.experiment_id)
+        )
+        .tuples()
+        .all()
+    )
     listed = []
     for experiment in running(session):
         try:
             check_joinable(session, experiment, user)
         except AppError:  # removed, not invited or not listed: the join would refuse it too
+            continue
+        if _full(experiment, peers_held):  # a new peer of theirs would wait for a free slot (429)
             continue
         row = online.get(experiment.id)
         peers = int(row.peers) if row is not None else 0
@@ -59,3 +73,7 @@ def joinable(session: Session, user: User, window_seconds: int) -> list[Joinable
             )
         )
     return by_need(listed)
+
+
+def _full(experiment: Experiment, peers_held: dict[int, int]) -> bool:
+    return peers_held.get(experiment.id, 0) >= experiment.max_peers_per_volunteer
