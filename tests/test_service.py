@@ -511,6 +511,42 @@ def test_an_experiment_that_stops_accepting_volunteers_hands_over_to_the_next(
     assert [(e, slug) for e, slug, _ in events(log)] == [("started", "alpha"), ("started", "beta")]
 
 
+def test_experiments_that_all_refuse_at_once_are_retried_with_backoff_not_cycled(
+    stand_in: StandIn, make_runner: MakeRunner
+) -> None:
+    """Both experiments in the list stopped taking volunteers: the first hand-over goes on at once, the next ones
+    wait with the crash backoff, so the runner does not start a join after a join."""
+    log, modes, _ = stand_in
+    for slug in ("alpha", "beta"):
+        modes[slug] = f"exit{int(ExitCode.NOT_ACCEPTING)}"
+    clock = FakeClock(NOON)
+    config = ServiceConfig(experiments=["alpha", "beta"], pause_on_battery=False)
+    runner = make_runner(config, clock=clock, backoff_first=5.0)
+
+    def refused() -> None:
+        assert runner.child is not None
+        runner.child.wait(20)
+
+    runner.tick()
+    refused()
+    assert (runner.tick().state, runner.experiment) == ("running", "beta")  # the first hand-over: at once
+    refused()
+    state = runner.tick()
+    assert (state.state, runner.experiment, runner.child) == ("waiting", "alpha", None)
+    refusal = f"exit code {int(ExitCode.NOT_ACCEPTING)} (the experiment is not accepting volunteers)"
+    assert state.reason == f"restarting alpha in 5 s after {refusal}"
+    clock.advance(5)
+    assert runner.tick().state == "running"
+    refused()
+    assert runner.tick().reason == f"restarting beta in 10 s after {refusal}"
+    started = [(e, slug) for e, slug, _ in events(log)]
+    assert started == [("started", "alpha"), ("started", "beta"), ("started", "alpha")]
+
+    modes["beta"] = "run"  # beta takes volunteers again, and runs past the quick window before alpha refuses
+    clock.advance(10)
+    assert (runner.tick().state, runner.experiment) == ("running", "beta")
+
+
 def test_run_service_stops_its_child_cleanly_on_sigterm(home: Path, tmp_path: Path) -> None:
     """The real `swarmhub run-service` loop, with a stand-in join: SIGTERM (systemd's stop) leaves no child."""
     import subprocess
@@ -707,7 +743,8 @@ def test_any_joins_the_most_needed_experiment_and_moves_when_it_finishes(
     monkeypatch.setenv("SWARMHUB_SERVER", hub.url)
     monkeypatch.setenv("SWARMHUB_TOKEN", token_for(hub.url, "vera"))
     config = ServiceConfig(any=True, pause_on_battery=False)
-    runner = make_runner(config, fetch=joinable_fetcher(WorkerSettings(), insecure=False), recheck=30.0)
+    clock = FakeClock(NOON)
+    runner = make_runner(config, fetch=joinable_fetcher(WorkerSettings(), insecure=False), recheck=30.0, clock=clock)
 
     state = runner.tick()
     assert (state.state, state.experiment) == ("running", "quiet")  # no peer online, and vera may join it
@@ -717,6 +754,7 @@ def test_any_joins_the_most_needed_experiment_and_moves_when_it_finishes(
     assert "experiment: quiet\nchosen: most needed of the 2 you may join: 0 peers online" in result.output
 
     organizer = {"Authorization": f"Bearer {token_for(hub.url, 'olga')}"}
+    clock.advance(600)  # it trains a while before the organizer finishes it
     finish = httpx.post(f"{hub.url}/api/experiments/quiet/status", json={"action": "finish"}, headers=organizer)
     assert finish.status_code == 200, finish.text
     first = runner.child
@@ -726,6 +764,7 @@ def test_any_joins_the_most_needed_experiment_and_moves_when_it_finishes(
     assert state.chosen == "most needed of the 1 you may join: 1 peer online (need 0.50)"
     wait_started(log, runner)
 
+    clock.advance(600)
     finish = httpx.post(f"{hub.url}/api/experiments/crowded/status", json={"action": "finish"}, headers=organizer)
     assert finish.status_code == 200, finish.text
     second = runner.child

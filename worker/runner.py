@@ -8,8 +8,9 @@ Each tick (:meth:`Runner.tick`) decides from the volunteer's limits whether trai
   join), and it starts the child again once the condition has cleared for ``settle`` seconds;
 - which experiment runs is a :mod:`.choice`: the list in order, shares of the running time, or the one that needs
   peers most. An experiment that stops accepting volunteers, is unknown, or removed this volunteer hands over to
-  the next one at once; when a share's slice is used, the child stops as cleanly as for a pause and the next
-  experiment starts;
+  the next one at once (a second such exit in a row within a minute of its start waits, with the crash backoff:
+  every experiment may be refusing); when a share's slice is used, the child stops as cleanly as for a pause and
+  the next experiment starts;
 - a child that exits on its own is restarted with exponential backoff (reset after a healthy run);
 - every tick writes :class:`ServiceState` to ``<state_dir>/service/state.json``, which ``swarmhub service
   status`` reads. The child writes its progress (step, samples/s, last acknowledged report) to
@@ -48,6 +49,9 @@ STOP_GRACE = 90.0  # the child's clean leave: the reporter's flush and hivemind'
 RECHECK = 60.0  # with nothing to join (or the server unreachable), ask the server again after this long
 # Exit codes about the experiment rather than this machine: the next experiment in the list gets its turn.
 HAND_OVER = {ExitCode.NOT_FOUND, ExitCode.NOT_ACCEPTING, ExitCode.REMOVED}
+# A hand-over goes to the next experiment at once, unless the join before it also handed over this quickly: then
+# every experiment may be refusing, and the next start waits as after a crash (the same growing backoff).
+QUICK_HAND_OVER = 60.0
 # What an exit code of `join` means, for `swarmhub service status` (the join's own line is in the journal).
 EXIT_MEANING = {
     ExitCode.USAGE: "a bad option or limit",
@@ -175,6 +179,7 @@ class Runner:
         self.slice_used = 0.0  # running seconds of the current share's slice before the child's latest start
         self.restarts = 0
         self.failures = 0  # consecutive crashes: the backoff's exponent
+        self.quick_hand_overs = 0  # consecutive hand-overs by joins that ended within QUICK_HAND_OVER seconds
         self.last_exit: int | None = None
         self.started_at = 0.0
         self.not_before = 0.0  # backoff: no start before this monotonic time
@@ -262,11 +267,18 @@ class Runner:
         self.failures = 1 if ran >= HEALTHY_RUN else self.failures + 1
         self.restarts += 1
         self.slice_used += ran
+        quick = ran < QUICK_HAND_OVER
         if code in HAND_OVER and self.chooser.hand_over():
             self.slice_used = 0.0
-            self.failures = 0
-            delay = 0.0
+            if quick and self.quick_hand_overs:  # experiment after experiment refuses at once: no churn of joins
+                self.quick_hand_overs += 1
+                delay = min(self.backoff_max, self.backoff_first * 2 ** (self.failures - 1))
+            else:
+                self.quick_hand_overs = int(quick)
+                self.failures = 0
+                delay = 0.0
         else:
+            self.quick_hand_overs = 0
             delay = min(self.backoff_max, self.backoff_first * 2 ** (self.failures - 1))
         self.not_before = now + delay
         logger.warning("the join exited with code %s after %.0f s: next start in %.0f s", code, ran, delay)
