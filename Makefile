@@ -53,7 +53,7 @@ demo: setup
 server: setup
 	$(BIN)/swarmhub server
 
-# Two lanes at once (tests/lanes.py): the real-process swarm and e2e tests one at a time, everything else beside them.
+# Two lanes at once (tests/lanes.py): the tests that train real swarms to a pace one at a time, the rest beside them.
 test: setup setup-browser setup-faketime
 	SWARMHUB_CHROMIUM=$(CHROMIUM) $(BIN)/python -m tests.lanes $(PYTEST_ARGS)
 

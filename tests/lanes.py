@@ -1,11 +1,12 @@
 """`make test`: the whole suite in two lanes that run at the same time.
 
-- **processes**: the tests marked ``e2e`` or ``solo`` run real servers and real peers that train for a while. They
-  run one at a time, in one pytest process: two training swarms side by side slow each other, and these tests'
-  bounds on how far a swarm trains assume it has the machine's spare cores.
-- **the rest**: database, HTTP, browser and unit tests, and the short swarm tests (admission, leases, rogue
-  requests, state downloads), in a second pytest process. They mostly wait on the database, a socket, a peer or
-  the browser, and leave most of a core idle.
+- **processes**: the tests marked ``solo`` run real peers that train for a while (most end-to-end runs, the swarm
+  tests that assert how far a swarm trains). They run one at a time, in one pytest process: two training swarms
+  side by side slow each other, and these tests' bounds on how far a swarm trains assume it has the machine's
+  spare cores.
+- **the rest**: database, HTTP, browser and unit tests, the short swarm tests (admission, leases, rogue requests,
+  state downloads, signals) and the end-to-end runs that assert no pace (the demo, the background service), in a
+  second pytest process. They mostly wait on the database, a socket, a peer or the browser.
 
 The processes lane's output streams as it goes; the other lane's is printed whole when it ends. Last come the
 ten slowest tests of both lanes, each lane's time, and the exit status: the first failing lane's, else 0.
@@ -25,7 +26,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LANES = {"processes": "e2e or solo", "the rest": "not e2e and not solo"}
+LANES = {"processes": "solo", "the rest": "not solo"}
 NO_TESTS = 5  # pytest's exit status when a lane's selection is empty (for example under -k): not a failure
 
 

@@ -27,7 +27,7 @@ from swarmhub.server import corpus
 
 from ..processes import SWARMHUB, descendants, outlived, running_server, signup, wait_volunteers
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(600)]  # see tests/lanes.py
 SLUG = "e2e-albert"
 VOCAB = 1000
 UPLOADED_BYTES = 400_000

@@ -17,7 +17,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from ..conftest import PASSWORD, csrf_from
 from ..processes import running_server, signup
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(240)]  # see tests/lanes.py
 SLUG = "busy-start"
 
 

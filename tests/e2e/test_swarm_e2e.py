@@ -31,7 +31,7 @@ from ..processes import (
     start_digits_experiment as start_experiment,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(420)]  # see tests/lanes.py
 
 
 def launch_volunteers(url: str, tmp: Path, limit: list[str]) -> list[tuple[str, Any, subprocess.Popen]]:

@@ -27,7 +27,7 @@ import pytest
 from ..conftest import PASSWORD
 from ..processes import SWARMHUB, outlived, running_server, signup, wait_volunteers
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(420)]  # see tests/lanes.py
 SLUG = "open-digits"
 
 # A peer with a valid token that publishes forged progress records: epoch one past the swarm's, samples at twice
