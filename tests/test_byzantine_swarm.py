@@ -212,6 +212,7 @@ def test_centered_clip_keeps_training_while_one_peer_in_four_sends_gradients_tim
     finally:
         peers.stop()
     for name, summary in summaries.items():
+        print(f"{name}: loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f} at epoch {summary['epoch']}")
         assert summary["rounds"].get("4", 0) >= 3, (name, summary)  # the attacker took part in the rounds
         assert summary["last_loss"] < TRAINED * summary["first_loss"], (name, summary)
 
