@@ -62,8 +62,9 @@ elif attack == "hijack":  # the state it serves, the priority it advertises, the
     ProgressTracker.report_local_progress = lambda self, epoch, samples, **kw: report(self, epoch + 1000, samples, **kw)
 
 def progress(p):
-    print(json.dumps({"event": "progress", "epoch": p.epoch, "loss": p.loss, "averaged": p.averaged_peers}),
-          flush=True)
+    line = json.dumps({"event": "progress", "epoch": p.epoch, "loss": p.loss, "averaged": p.averaged_peers})
+    print(line, flush=True)
+    print(line, file=sys.stderr, flush=True)  # the loss trail in the peer's log, for a failure's diagnosis
 
 stop, main_pid = threading.Event(), os.getpid()
 def on_term(signum, frame):  # SIGTERM ends the run early, with a summary; hivemind's forked children just die
