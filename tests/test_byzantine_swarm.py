@@ -190,6 +190,9 @@ class Peers:
 # half their first loss and two at 1.23 and 1.29 (from about 2.3; one of them beside another swarm): the defence
 # keeps the swarm training, at a pace that varies from run to run (how close it stays to a clean swarm is
 # bench/byzantine.py's question). The bound is that the loss fell by at least 30 %; a stalled swarm stays near 2.3.
+# Since every peer of a run starts from the same seeded model, 9 of 10 runs ended at 0.20-0.37 of their first loss and
+# one stalled (2.28 -> 2.02, every round with all four peers; its cause is not found): a failure prints the peer's
+# loss trail for that diagnosis.
 EPOCHS = 30
 TRAINED = 0.7
 
@@ -215,7 +218,13 @@ def test_centered_clip_keeps_training_while_one_peer_in_four_sends_gradients_tim
     for name, summary in summaries.items():
         print(f"{name}: loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f} at epoch {summary['epoch']}")
         assert summary["rounds"].get("4", 0) >= 3, (name, summary)  # the attacker took part in the rounds
-        assert summary["last_loss"] < TRAINED * summary["first_loss"], (name, summary)
+        assert summary["last_loss"] < TRAINED * summary["first_loss"], (name, summary, trail(tmp_path / f"{name}.log"))
+
+
+def trail(log: Path) -> list[tuple[int, int, float]]:
+    """(epoch, peers averaged with, loss) of every progress line in a peer's log: a failure's loss trail."""
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith('{"event": "progress"')]
+    return [(e["epoch"], e["averaged"], round(e["loss"], 3)) for e in lines]
 
 
 def test_non_finite_gradients_are_dropped_and_their_sender_flagged(swarm_peer, tmp_path):
