@@ -545,6 +545,7 @@ def test_experiments_that_all_refuse_at_once_are_retried_with_backoff_not_cycled
     modes["beta"] = "run"  # beta takes volunteers again, and runs past the quick window before alpha refuses
     clock.advance(10)
     assert (runner.tick().state, runner.experiment) == ("running", "beta")
+    wait_started(log, runner)  # its handlers are in place before the fixture stops it
 
 
 def test_run_service_stops_its_child_cleanly_on_sigterm(home: Path, tmp_path: Path) -> None:

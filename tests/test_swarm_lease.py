@@ -79,13 +79,13 @@ def test_one_replica_hosts_a_swarm_and_another_takes_over_when_it_dies(db, setti
             assert holder_of(db, run_id)[0] == a_holder
 
             os.kill(replica_a.pid, signal.SIGKILL)  # A dies without releasing anything
-            took = wait_until(
-                lambda: (
-                    holder_of(db, run_id)[0] == services(app_b).coordinator.instance and bool(holder_of(db, run_id)[1])
-                ),
-                timeout=LEASE_SECONDS + 2 * RECONCILE_SECONDS + 15,
-            )
-            assert took <= LEASE_SECONDS + RECONCILE_SECONDS + 10, took
+            b_holder = services(app_b).coordinator.instance
+            # The README's bound: B takes the swarm within a lease and a reconcile (a few seconds of margin for a
+            # loaded machine's reconcile pass). Its peers start then; on 2 busy cores a peer process takes seconds
+            # more to listen (hivemind's import and p2pd), which no interval of ours bounds.
+            took = wait_until(lambda: holder_of(db, run_id)[0] == b_holder, timeout=LEASE_SECONDS + 30)
+            assert took <= LEASE_SECONDS + RECONCILE_SECONDS + 5, took
+            wait_until(lambda: bool(holder_of(db, run_id)[1]), timeout=90)
             assert services(app_b).swarm.hosted() == [run_id]
             assert holder_of(db, run_id)[1] != a_maddrs  # volunteers now bootstrap from B's peer
     finally:

@@ -16,7 +16,7 @@ import pytest
 from ..conftest import free_port
 from ..processes import descendants, outlived
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(420)]  # samples within 150 s: tests/lanes.py
 SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli"]
 LOGIN = re.compile(r"Organizer:  log in at \S+ as 'organizer' with password (\S+)")
 
