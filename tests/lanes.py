@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 LANES = {"processes": "solo", "the rest": "not solo"}
@@ -38,7 +38,6 @@ class Lane:
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     ended: float = 0.0
-    lines: list[str] = field(default_factory=list)
 
     @property
     def junit(self) -> Path:

@@ -127,9 +127,8 @@ def test_an_experiment_where_the_volunteer_runs_as_many_peers_as_allowed_is_not_
     headers = api_token(client, "vera")
     keys = [RSAPrivateKey().get_public_key().to_bytes().decode() for _ in range(3)]
     assert slugs(client, "vera") == ["full-run", "other-run"]
-    for key in keys[:1]:
-        token = client.post("/api/experiments/full-run/swarm-token", json={"peer_public_key": key}, headers=headers)
-        assert token.status_code == 200, token.text
+    token = client.post("/api/experiments/full-run/swarm-token", json={"peer_public_key": keys[0]}, headers=headers)
+    assert token.status_code == 200, token.text
     assert slugs(client, "vera") == ["full-run", "other-run"]  # one of two: room for another
     token = client.post("/api/experiments/full-run/swarm-token", json={"peer_public_key": keys[1]}, headers=headers)
     assert token.status_code == 200, token.text

@@ -179,7 +179,7 @@ class Runner:
         self.slice_used = 0.0  # running seconds of the current share's slice before the child's latest start
         self.restarts = 0
         self.failures = 0  # consecutive crashes: the backoff's exponent
-        self.quick_hand_overs = 0  # consecutive hand-overs by joins that ended within QUICK_HAND_OVER seconds
+        self.quick_hand_over = False  # the last exit handed over within QUICK_HAND_OVER seconds of its start
         self.last_exit: int | None = None
         self.started_at = 0.0
         self.not_before = 0.0  # backoff: no start before this monotonic time
@@ -267,18 +267,16 @@ class Runner:
         self.failures = 1 if ran >= HEALTHY_RUN else self.failures + 1
         self.restarts += 1
         self.slice_used += ran
-        quick = ran < QUICK_HAND_OVER
-        if code in HAND_OVER and self.chooser.hand_over():
+        handed_over = code in HAND_OVER and self.chooser.hand_over()
+        if handed_over:
             self.slice_used = 0.0
-            if quick and self.quick_hand_overs:  # experiment after experiment refuses at once: no churn of joins
-                self.quick_hand_overs += 1
-                delay = min(self.backoff_max, self.backoff_first * 2 ** (self.failures - 1))
-            else:
-                self.quick_hand_overs = int(quick)
-                self.failures = 0
-                delay = 0.0
+        quick = handed_over and ran < QUICK_HAND_OVER
+        at_once = handed_over and not (quick and self.quick_hand_over)  # experiment after experiment refusing waits
+        self.quick_hand_over = quick
+        if at_once:
+            self.failures = 0
+            delay = 0.0
         else:
-            self.quick_hand_overs = 0
             delay = min(self.backoff_max, self.backoff_first * 2 ** (self.failures - 1))
         self.not_before = now + delay
         logger.warning("the join exited with code %s after %.0f s: next start in %.0f s", code, ran, delay)

@@ -153,13 +153,23 @@ def _taken(experiment: Experiment) -> Conflict:
     )
 
 
+def _valid_keys_of(user: User, now: datetime) -> tuple[Any, ...]:
+    """``user``'s peer keys whose newest token is still valid: what ``max_peers_per_volunteer`` counts."""
+    return (SwarmPeerKey.user_id == user.id, SwarmPeerKey.expires_at > now)
+
+
+def peers_held(session: Session, user: User) -> dict[int, int]:
+    """Experiment ID -> how many peer keys ``user`` holds valid tokens for there (experiments with none left out)."""
+    counts = select(SwarmPeerKey.experiment_id, func.count()).where(*_valid_keys_of(user, utcnow()))
+    return dict(session.execute(counts.group_by(SwarmPeerKey.experiment_id)).tuples().all())
+
+
 def _check_room(session: Session, experiment: Experiment, user: User, key: PeerKey, now: datetime) -> None:
     """429 unless ``user`` holds valid tokens for fewer keys than the experiment allows, ``key`` aside."""
     count, first_expiry = session.execute(
         select(func.count(), func.min(SwarmPeerKey.expires_at)).where(
-            SwarmPeerKey.user_id == user.id,
+            *_valid_keys_of(user, now),
             SwarmPeerKey.experiment_id == experiment.id,
-            SwarmPeerKey.expires_at > now,
             SwarmPeerKey.peer_id != key.peer_id,
         )
     ).one()

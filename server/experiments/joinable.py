@@ -20,7 +20,8 @@ from swarmhub.worker.choice import JoinableExperiment, by_need, need
 
 from ..errors import AppError
 from ..metrics.common import current_time
-from ..models import Experiment, SwarmPeerKey, User, WorkerRun
+from ..models import User, WorkerRun
+from .admission import peers_held
 from .lifecycle import running
 from .membership import check_joinable
 
@@ -41,23 +42,14 @@ def joinable(session: Session, user: User, window_seconds: int) -> list[Joinable
             .group_by(WorkerRun.experiment_id)
         )
     }
-    now = current_time()
-    peers_held = dict(
-        session.execute(
-            select(SwarmPeerKey.experiment_id, func.count())
-            .where(SwarmPeerKey.user_id == user.id, SwarmPeerKey.expires_at > now)
-            .group_by(SwarmPeerKey.experiment_id)
-        )
-        .tuples()
-        .all()
-    )
+    held = peers_held(session, user)
     listed = []
     for experiment in running(session):
         try:
             check_joinable(session, experiment, user)
         except AppError:  # removed, not invited or not listed: the join would refuse it too
             continue
-        if _full(experiment, peers_held):  # a new peer of theirs would wait for a free slot (429)
+        if held.get(experiment.id, 0) >= experiment.max_peers_per_volunteer:  # a new peer would wait (429)
             continue
         row = online.get(experiment.id)
         peers = int(row.peers) if row is not None else 0
@@ -73,7 +65,3 @@ def joinable(session: Session, user: User, window_seconds: int) -> list[Joinable
             )
         )
     return by_need(listed)
-
-
-def _full(experiment: Experiment, peers_held: dict[int, int]) -> bool:
-    return peers_held.get(experiment.id, 0) >= experiment.max_peers_per_volunteer
