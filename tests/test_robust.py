@@ -15,6 +15,14 @@ from swarmhub.worker import aggregation, robust, swarm_access
 from .conftest import api_token, make_user
 
 
+@pytest.fixture(autouse=True)
+def fresh_standing():
+    """Each test's reducer rounds start with no sender's standing (it lives as long as the averager's process)."""
+    robust.STANDING = aggregation.Standing()
+    yield
+    robust.STANDING = aggregation.Standing()
+
+
 def reduce(
     parts: list[torch.Tensor],
     weights: list[float],
@@ -139,6 +147,52 @@ def test_a_part_inside_the_outlier_bound_moves_the_result_by_at_most_its_share_o
         off = float((reduce([*parts, bad], [1.0] * 4, "mean") - mean_honest).norm())  # a quarter of its distance
         assert off == pytest.approx(factor * aggregation.CLIP_OUTLIER_FACTOR * float(spread) / 4, rel=1e-3)
         assert (clipped - mean_honest).norm() < 0.6 * spread  # clipped: the same bound however far out it is
+
+
+def noisy_round(generator: torch.Generator, noise: float, samples=(1.0, 1.0, 1.0, 1.0)) -> list[torch.Tensor]:
+    """Four honest parts of one gradient: each the gradient plus noise that shrinks with the sender's samples."""
+    size = 2000
+    gradient = torch.ones(size) / size**0.5
+    return [gradient + noise / n**0.5 * torch.randn(size, generator=generator) / size**0.5 for n in samples]
+
+
+@pytest.mark.parametrize("attack", ["sign-flip", "noise"])
+def test_a_part_of_an_honest_norm_that_keeps_pointing_elsewhere_loses_its_say_after_a_few_rounds(attack):
+    """Sign-flipped or random parts of an honest part's norm sit inside the honest spread, where clipping cannot
+    tell them apart in one round (each still pulls the result by its share of the radius). Over rounds the
+    sender's standing stays at or below zero while the honest senders' stays positive: from then on its parts have
+    no say, the result is what the honest parts give alone, and a sign-flipper is flagged."""
+    robust.take_flags()
+    generator = torch.Generator().manual_seed(5)
+    offsets = []
+    for round_number in range(aggregation.STANDING_MIN_PARTS + 4):
+        parts = noisy_round(generator, noise=1.0)
+        bad = -parts[3] if attack == "sign-flip" else torch.randn(2000, generator=generator)
+        parts[3] = bad * parts[3].norm() / bad.norm()
+        result = reduce(parts, [1.0] * 4, "centered-clip")
+        alone = aggregation.centered_clip(torch.stack(parts[:3]), torch.ones(3))
+        offsets.append(float((result - alone).norm() / alone.norm()))
+        assert robust.STANDING.left_out == ([] if round_number < aggregation.STANDING_MIN_PARTS - 1 else ["peer-3"])
+    assert min(offsets[: aggregation.STANDING_MIN_PARTS - 1]) > 0.01  # clipped, it still moved the result
+    assert max(offsets[aggregation.STANDING_MIN_PARTS - 1 :]) < 1e-6  # screened: the honest parts' result alone
+    flags = robust.take_flags()
+    assert set(flags) <= {"peer-3"}
+    if attack == "sign-flip":
+        assert flags["peer-3"][robust.DISSENT_REASON] >= 4
+
+
+def test_honest_senders_keep_their_say_whether_fast_slow_or_noisy():
+    """Honest senders with an eighth of the others' samples, and rounds whose parts are mostly noise: nobody is
+    screened out (a screened honest sender's samples would be wasted), and nobody is flagged."""
+    robust.take_flags()
+    generator = torch.Generator().manual_seed(6)
+    for noise, samples in ((2.0, (16.0, 16.0, 16.0, 1.0)), (6.0, (1.0, 1.0, 1.0, 1.0))):
+        robust.STANDING = aggregation.Standing()
+        for _ in range(60):
+            parts = noisy_round(generator, noise, samples)
+            reduce(parts, list(samples), "centered-clip")
+            assert robust.STANDING.left_out == []
+    assert robust.take_flags() == {}
 
 
 def test_centered_clip_of_honest_parts_is_their_mean_within_their_spread():

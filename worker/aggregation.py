@@ -26,6 +26,16 @@ CLIP_ITERATIONS = 10
 # cosine with the true gradient halved in bench/byzantine.py's setting). An honest part is this far out only
 # with about a hundredth of the others' samples, and its weight is then about a hundredth of theirs.
 CLIP_OUTLIER_FACTOR = 10.0
+# A sender's standing under centered-clip (:class:`Standing`): the exponential mean of its parts' agreement with the
+# others' center, after this many of its parts, under this share of the median standing, has no say.
+STANDING_MIN_PARTS = 8
+STANDING_DISSENT = 0.5
+STANDING_DECAY = 0.05
+# ... and only while the median standing is at least this: below it, honest parts are mostly noise and an honest
+# sender's standing drifts under the bound by chance (in a simulated swarm of peers of 4 samples a round, a quarter
+# of honest parts were screened out without it)
+STANDING_AGREEMENT = 0.3
+STANDING_MAX_SENDERS = 4096  # a reducer remembers this many senders at most (the ones seen longest ago go first)
 # A downloaded state whose parameters' norm is over this multiple of the peer's own is refused (unless it comes
 # from the server's own peer), and a state round's part this far from the median part's norm is left out
 # (:func:`state_parts`): training moves a model's norm by a few times at most, an attack by orders.
@@ -63,17 +73,24 @@ def centered_clip(parts: torch.Tensor, weights: torch.Tensor, iterations: int = 
     Two rows have no majority and no medoid (either is as central as the other): each row is scaled down to the
     smaller row's norm before the weighted mean, so a row of any size moves the result by at most its weight's
     share of an honest row's norm (a sign-flipped honest-sized row still cancels its share)."""
+    return clip_with_radius(parts, weights, iterations)[0]
+
+
+def clip_with_radius(
+    parts: torch.Tensor, weights: torch.Tensor, iterations: int = CLIP_ITERATIONS
+) -> tuple[torch.Tensor, float]:
+    """:func:`centered_clip`'s center and its clipping radius (``inf`` where there is none: one or two rows)."""
     if parts.shape[0] == 1:
-        return parts[0].clone()
+        return parts[0].clone(), math.inf
     if parts.shape[0] == 2:
         norms = parts.norm(dim=1)
         scale = (norms.min() / norms.clamp_min(1e-12)).clamp(max=1.0)
-        return (parts * (scale * weights / weights.sum()).unsqueeze(1)).sum(dim=0)
+        return (parts * (scale * weights / weights.sum()).unsqueeze(1)).sum(dim=0), math.inf
     distances = torch.cdist(parts.unsqueeze(0), parts.unsqueeze(0)).squeeze(0)
     center = parts[int(distances.sum(dim=1).argmin())].clone()
     tau = (parts - center).norm(dim=1).median()
     if not torch.isfinite(tau) or tau <= 0:
-        return center
+        return center, 0.0
     near = (parts - center).norm(dim=1) <= CLIP_OUTLIER_FACTOR * tau
     parts, weights = parts[near], weights[near]
     total = weights.sum()
@@ -85,7 +102,73 @@ def centered_clip(parts: torch.Tensor, weights: torch.Tensor, iterations: int = 
         center = center + step
         if step.norm() <= 1e-6 * tau:
             break
-    return center
+    return center, float(tau)
+
+
+def agreement(parts: torch.Tensor, weights: torch.Tensor, center: torch.Tensor, tau: float) -> list[float]:
+    """Each row's cosine with ``center`` less the row's own pull on it (its offset from the center clipped to
+    ``tau``, at its weight's share): how far a sender's part points the way the others' robust center does. An
+    honest part's is positive whenever the round's parts share a gradient, however noisy; a sign-flipped part's is
+    negative and a noise part's about zero."""
+    offsets = parts - center
+    norms = offsets.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    clipped = offsets * (tau / norms).clamp(max=1.0) if math.isfinite(tau) else offsets
+    share = (weights / weights.sum().clamp_min(1e-12)).unsqueeze(1)
+    others = center.unsqueeze(0) - share * clipped
+    cosines = torch.nn.functional.cosine_similarity(parts, others, dim=1)
+    return [float(c) if math.isfinite(float(c)) else 0.0 for c in cosines]
+
+
+class Standing:
+    """Each sender's standing in one reducer's rounds under ``centered-clip``: the running mean of its parts'
+    :func:`agreement` (an exponential mean, ``STANDING_DECAY`` per part). In one round a sign-flipped or noise part
+    of an honest norm sits inside the honest parts' spread, where clipping cannot tell it apart; over rounds its
+    agreement stays near zero or below while every honest sender's stays positive. A sender seen in
+    ``STANDING_MIN_PARTS`` parts or more whose standing is under ``STANDING_DISSENT`` times the median standing of a
+    part's established senders has no say in that part (see :meth:`screen`)."""
+
+    def __init__(self) -> None:
+        self.score: dict[str, float] = {}
+        self.seen: dict[str, int] = {}
+        self.left_out: list[str] = []  # the senders the latest :func:`combine` screened out
+
+    def observe(self, senders: Sequence[str], cosines: Sequence[float], weights: Sequence[float]) -> None:
+        """Each sender's agreement in one part, scaled by sqrt(median weight / its weight) (between 1/2 and 4):
+        where parts are mostly noise an honest part's agreement grows with the square root of its samples, and a
+        slow honest peer is not to stand below a fast one for sending fewer."""
+        typical = statistics.median(weights)
+        for sender, cosine, weight in zip(senders, cosines, weights, strict=True):
+            cosine *= min(max(math.sqrt(typical / weight), 0.5), 4.0) if weight > 0 else 1.0
+            seen = self.seen.get(sender, 0)
+            decay = max(STANDING_DECAY, 1.0 / (seen + 1))  # a plain mean until there are enough parts
+            self.score[sender] = self.score.get(sender, 0.0) * (1 - decay) + cosine * decay
+            self.seen[sender] = seen + 1
+            if len(self.seen) > STANDING_MAX_SENDERS:  # forget the sender seen longest ago
+                oldest = next(iter(self.seen))
+                self.seen.pop(oldest)
+                self.score.pop(oldest, None)
+            else:
+                self.seen[sender] = self.seen.pop(sender)  # most recently seen last
+
+    def screen(self, senders: Sequence[str], weights: Sequence[float]) -> list[float]:
+        """``weights`` with a zero for each established sender whose standing is under ``STANDING_DISSENT`` times
+        the median standing of this part's established senders, when that median is at least ``STANDING_AGREEMENT``
+        (the senders agree on a direction) and the senders left keep more than half of the weight."""
+        established = [
+            s for s, w in zip(senders, weights, strict=True) if w > 0 and self.seen.get(s, 0) >= STANDING_MIN_PARTS
+        ]
+        if len(established) < 3:
+            return list(weights)
+        typical = statistics.median(self.score[s] for s in established)
+        if typical <= 0:  # no direction the senders agree on
+            return list(weights)
+        # with mostly-noise parts (a median standing under STANDING_AGREEMENT) only a sender whose parts point
+        # against the others' on the whole is screened: an honest one's standing drifts too far by chance
+        bound = STANDING_DISSENT * typical if typical >= STANDING_AGREEMENT else 0.0
+        out = [0.0 if s in established and self.score[s] < bound else w for s, w in zip(senders, weights, strict=True)]
+        if sum(out) * 2 <= sum(weights):
+            return list(weights)
+        return out
 
 
 def state_parts(parts: Sequence[torch.Tensor], weights: Sequence[float]) -> list[float]:
@@ -109,22 +192,41 @@ def state_parts(parts: Sequence[torch.Tensor], weights: Sequence[float]) -> list
     ]
 
 
-def combine(parts: Sequence[torch.Tensor], weights: Sequence[float], aggregation: str) -> torch.Tensor:
+def combine(
+    parts: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    aggregation: str,
+    senders: Sequence[str] | None = None,
+    standing: Standing | None = None,
+) -> torch.Tensor:
     """One slice's result from the senders' ``parts`` and (already capped) ``weights``. ``aggregation`` is the
     experiment's (``mean`` or ``centered-clip``) for a gradient round, ``state`` for a state round (parameters:
-    the weighted mean of the parts whose norm is in bounds, :func:`state_parts`)."""
+    the weighted mean of the parts whose norm is in bounds, :func:`state_parts`). Under ``centered-clip`` with a
+    ``standing`` (and the ``senders``' IDs), each part's agreement is added to its sender's standing, and the
+    senders it screens out (``standing.left_out``) are left out of the result."""
     if aggregation == "state":
         weights = state_parts(parts, weights)
         aggregation = "mean"
-    kept = [(p, w) for p, w in zip(parts, weights, strict=True) if w > 0]
+    kept = [(p, w, s) for p, w, s in zip(parts, weights, senders or [""] * len(parts), strict=True) if w > 0]
+    if standing is not None:
+        standing.left_out = []
     if not kept:  # nothing trustworthy in this slice: it averages to zero (no update from it)
         return torch.zeros_like(parts[0]) if parts else torch.zeros(0)
     if aggregation == "centered-clip":
-        stacked = torch.stack([p.reshape(-1).float() for p, _ in kept])
-        result = centered_clip(stacked, torch.tensor([w for _, w in kept], dtype=stacked.dtype))
-        return result.reshape(parts[0].shape).to(parts[0].dtype)
-    total = sum(w for _, w in kept)
+        stacked = torch.stack([p.reshape(-1).float() for p, _, _ in kept])
+        rows = torch.tensor([w for _, w, _ in kept], dtype=stacked.dtype)
+        center, tau = clip_with_radius(stacked, rows)
+        if standing is not None and senders is not None and len(kept) >= 3:
+            ids = [s for _, _, s in kept]
+            standing.observe(ids, agreement(stacked, rows, center, tau), rows.tolist())
+            screened = standing.screen(ids, rows.tolist())
+            standing.left_out = [s for s, w in zip(ids, screened, strict=True) if w == 0]
+            if standing.left_out:
+                live = torch.tensor([w > 0 for w in screened])
+                center = centered_clip(stacked[live], rows[live])
+        return center.reshape(parts[0].shape).to(parts[0].dtype)
+    total = sum(w for _, w, _ in kept)
     result = torch.zeros_like(parts[0], dtype=torch.float32)
-    for part, w in kept:  # in place, one pass per part, as hivemind's reducer sums
+    for part, w, _ in kept:  # in place, one pass per part, as hivemind's reducer sums
         result.add_(part, alpha=w / total)
     return result.to(parts[0].dtype)

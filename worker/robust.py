@@ -43,6 +43,7 @@ from . import peer_flags
 from .aggregation import (
     AGGREGATIONS,
     WEIGHT_FLAG_FACTOR,
+    Standing,
     capped_weights,
     combine,
     finite,
@@ -77,6 +78,11 @@ class Policy:
 
 
 POLICY = Policy()
+# Each sender's standing in this process's gradient rounds under centered-clip (``aggregation.Standing``): it lives
+# as long as the averager's process, across rounds, which is what lets it tell a sign-flipped or noise part of an
+# honest norm from an honest one.
+STANDING = Standing()
+DISSENT_REASON = "gradients against the swarm's"
 
 
 def _reducer_base() -> type:
@@ -117,6 +123,7 @@ def make_reducer_class() -> type:
             self.claimed = [0.0] * num_senders  # the largest weight each sender claimed in this round
             self.dropped: set[int] = set()
             self.overclaimed: set[int] = set()
+            self.dissented: set[int] = set()  # screened out of a part by its standing: no say, and no credit
             self._held = _Held()
             super().__init__(part_shapes, num_senders)
 
@@ -175,13 +182,26 @@ def make_reducer_class() -> type:
                 self.check_current_part_finished()
             return await future
 
+        def _who(self, sender_index: int) -> str:
+            return self.sender_ids[sender_index] if sender_index < len(self.sender_ids) else f"sender-{sender_index}"
+
         def check_current_part_finished(self) -> None:
             assert self.current_part_accumulated_from <= self.num_current_senders
             if self.current_part_accumulated_from == self.num_current_senders:
                 held = self._held
                 if held.parts:
                     weights = capped_weights(held.weights, POLICY.max_weight)
-                    result = combine(held.parts, weights, self.aggregation or POLICY.aggregation)
+                    aggregation = self.aggregation or POLICY.aggregation
+                    ids = [self._who(i) for i in held.senders]
+                    standing = STANDING if aggregation == "centered-clip" else None
+                    result = combine(held.parts, weights, aggregation, ids, standing)
+                    for who in standing.left_out if standing is not None else ():
+                        index = held.senders[ids.index(who)]
+                        if index not in self.dissented:
+                            self.dissented.add(index)
+                            logger.warning("left out %s's part: its gradients stand apart from the swarm's", who)
+                            if STANDING.score[who] < 0:  # on the whole against the others: evidence, not chance
+                                flag(who, DISSENT_REASON)
                 else:
                     result = torch.zeros(self.part_shapes[self.current_part_index])
                 self.current_part_future.set_result(result)
@@ -243,7 +263,9 @@ def make_runner_class() -> type:
             senders = [
                 (peer, weight)
                 for i, (peer, weight) in enumerate(zip(reducer.sender_ids, weights, strict=True))
-                if reducer.num_parts_received[i] == reducer.num_parts and i not in reducer.dropped and weight > 0
+                if reducer.num_parts_received[i] == reducer.num_parts
+                and i not in reducer.dropped | reducer.dissented
+                and weight > 0
             ]
             witness = POLICY.witness
             if witness is not None:
