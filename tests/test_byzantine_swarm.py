@@ -1,7 +1,7 @@
 """Admitted peers that mean harm, as real processes with valid tokens, against honest peers on 127.0.0.1.
 
 Each attacker runs the real worker (``train``) with one part of hivemind patched the way a hostile volunteer
-would patch their own copy: gradients multiplied by -1000 or made NaN before every round, or a state served with
+would patch their own copy: gradients multiplied by -1000 or -1, or made NaN, before every round, or a state served with
 its parameters x100, its epoch +1000, advertised at the top priority and backed by progress records 1000 epochs
 ahead. The honest peers run the worker unchanged.
 """
@@ -35,14 +35,17 @@ from swarmhub.worker.training import train
 join = JoinResponse.model_validate_json(sys.argv[1])
 identity, attack, minutes = Path(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 
-if attack in ("scale", "nan"):  # what this peer puts into every gradient round
+if attack in ("scale", "flip", "nan"):  # what this peer puts into every gradient round
     from hivemind.optim.grad_averager import GradientAverager
     load = GradientAverager.load_accumulators_into_averager_
     def poisoned(self):
         load(self)
         with torch.no_grad(), self.get_tensors() as tensors:
             for tensor in tensors:
-                tensor.mul_(-1000.0) if attack == "scale" else tensor.fill_(float("nan"))
+                if attack == "nan":
+                    tensor.fill_(float("nan"))
+                else:
+                    tensor.mul_(-1000.0 if attack == "scale" else -1.0)
     GradientAverager.load_accumulators_into_averager_ = poisoned
 elif attack == "hijack":  # the state it serves, the priority it advertises, the epoch its records state
     from hivemind.averaging.averager import DecentralizedAverager
@@ -219,6 +222,34 @@ def test_centered_clip_keeps_training_while_one_peer_in_four_sends_gradients_tim
         print(f"{name}: loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f} at epoch {summary['epoch']}")
         assert summary["rounds"].get("4", 0) >= 3, (name, summary)  # the attacker took part in the rounds
         assert summary["last_loss"] < TRAINED * summary["first_loss"], (name, summary, trail(tmp_path / f"{name}.log"))
+
+
+def test_centered_clip_leaves_out_and_flags_a_peer_whose_gradients_point_against_the_swarm(swarm_peer, tmp_path):
+    """Three honest volunteers and one whose every gradient part is its real one sign-flipped: at an honest norm,
+    inside the honest parts' spread, where clipping cannot tell it apart in one round. Over rounds its standing in
+    the honest reducers falls below zero (``aggregation.Standing``): they leave its parts out and flag it, flag no
+    honest peer so, and the honest peers train."""
+    peers = Peers(swarm_peer, tmp_path, "centered-clip")
+    try:
+        for name in ("ada", "bob", "cyd"):
+            peers.start(name, minutes=5)
+        peers.start("mallory", attack="flip", minutes=5)
+        for name in ("ada", "bob", "cyd", "mallory"):
+            peers.joined(name)
+        peers.wait_for("ada", lambda e: e.get("averaged", 0) == 4, 120)
+        peers.train_until(("ada", "bob", "cyd"), EPOCHS, 240)
+        summaries = {name: peers.summary(name) for name in ("ada", "bob", "cyd")}
+    finally:
+        peers.stop()
+    mallory = peers.peer_ids["mallory"]
+    flagged = [n for n, s in summaries.items() if s["flags"].get(mallory, {}).get(robust.DISSENT_REASON, 0) >= 1]
+    assert flagged, summaries
+    for name, summary in summaries.items():
+        print(f"{name}: loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f} at epoch {summary['epoch']}")
+        assert summary["rounds"].get("4", 0) >= 3, (name, summary)  # the attacker took part in the rounds
+        assert summary["last_loss"] < TRAINED * summary["first_loss"], (name, summary, trail(tmp_path / f"{name}.log"))
+        for honest in ("ada", "bob", "cyd"):
+            assert robust.DISSENT_REASON not in summary["flags"].get(peers.peer_ids[honest], {}), (name, summary)
 
 
 def trail(log: Path) -> list[tuple[int, int, float]]:

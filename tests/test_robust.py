@@ -14,6 +14,8 @@ from swarmhub.worker import aggregation, robust, swarm_access
 
 from .conftest import api_token, make_user
 
+REDUCERS: list = []  # every reducer :func:`reduce` made, latest last
+
 
 @pytest.fixture(autouse=True)
 def fresh_standing():
@@ -38,6 +40,7 @@ def reduce(
     async def run() -> list[torch.Tensor]:  # made in the loop, as hivemind's all-reduce makes it
         senders = [f"peer-{i}" for i in range(len(parts))]
         reducer = reducer_class([parts[0].shape], len(parts), senders, "state" if state_round else None)
+        REDUCERS.append(reducer)
         calls = [reducer.accumulate_part(i, 0, part, weight=w) for i, (part, w) in enumerate(zip(parts, weights))]
         return await asyncio.gather(*calls)
 
@@ -67,6 +70,8 @@ def test_a_non_finite_part_is_dropped_and_its_sender_flagged():
     result = reduce(parts, [1.0, 1.0, 1.0, 1.0], "mean")
     assert torch.allclose(result, sum(parts[:3]) / 3, atol=1e-6)
     assert robust.take_flags() == {"peer-3": {"non-finite gradients": 1}}
+    assert [peer for peer, _ in robust.credited(REDUCERS[-1])] == ["peer-0", "peer-1", "peer-2"]  # and no credit
+    assert [peer for peer, _ in robust.credited(REDUCERS[-1])] == ["peer-0", "peer-1", "peer-2"]  # and not credited
 
 
 def test_a_huge_claimed_weight_counts_at_most_twice_the_median_and_never_over_the_batch():
@@ -173,6 +178,8 @@ def test_a_part_of_an_honest_norm_that_keeps_pointing_elsewhere_loses_its_say_af
         alone = aggregation.centered_clip(torch.stack(parts[:3]), torch.ones(3))
         offsets.append(float((result - alone).norm() / alone.norm()))
         assert robust.STANDING.left_out == ([] if round_number < aggregation.STANDING_MIN_PARTS - 1 else ["peer-3"])
+        credited = [peer for peer, _ in robust.credited(REDUCERS[-1])]  # what the server's witness would record
+        assert credited == [f"peer-{i}" for i in range(4 - len(robust.STANDING.left_out))]
     assert min(offsets[: aggregation.STANDING_MIN_PARTS - 1]) > 0.01  # clipped, it still moved the result
     assert max(offsets[aggregation.STANDING_MIN_PARTS - 1 :]) < 1e-6  # screened: the honest parts' result alone
     flags = robust.take_flags()

@@ -254,24 +254,29 @@ def make_runner_class() -> type:
                     self._witness()
 
         def _witness(self) -> None:
-            """The server's peer saw this gradient round complete: each sender that sent it every part of its
-            slice, finite, with the weight it counted for."""
+            """The server's peer saw this gradient round complete: report who it credits (:func:`credited`)."""
             reducer = self.tensor_part_reducer
             if reducer.num_parts == 0:
                 return  # this peer reduced nothing in this round: it saw no sender's weight
-            weights = capped_weights(reducer.claimed, POLICY.max_weight)
-            senders = [
-                (peer, weight)
-                for i, (peer, weight) in enumerate(zip(reducer.sender_ids, weights, strict=True))
-                if reducer.num_parts_received[i] == reducer.num_parts
-                and i not in reducer.dropped | reducer.dissented
-                and weight > 0
-            ]
             witness = POLICY.witness
             if witness is not None:
-                witness(self.group_id.hex(), senders)
+                witness(self.group_id.hex(), credited(reducer))
 
     return GuardedAllReduceRunner
+
+
+def credited(reducer: Any) -> list[tuple[str, float]]:
+    """The senders a reducer saw take part in a completed gradient round, with the weight each counted for: every
+    part of its slice sent, none of them non-finite or screened out by its standing, and a capped weight above
+    zero. The witness's ledger is made of these."""
+    weights = capped_weights(reducer.claimed, POLICY.max_weight)
+    return [
+        (peer, weight)
+        for i, (peer, weight) in enumerate(zip(reducer.sender_ids, weights, strict=True))
+        if reducer.num_parts_received[i] == reducer.num_parts
+        and i not in reducer.dropped | reducer.dissented
+        and weight > 0
+    ]
 
 
 def install(
