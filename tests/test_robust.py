@@ -169,19 +169,25 @@ def test_a_part_of_an_honest_norm_that_keeps_pointing_elsewhere_loses_its_say_af
     no say, the result is what the honest parts give alone, and a sign-flipper is flagged."""
     robust.take_flags()
     generator = torch.Generator().manual_seed(5)
-    offsets = []
-    for round_number in range(aggregation.STANDING_MIN_PARTS + 4):
+    offsets, screened = [], []
+    for _ in range(aggregation.STANDING_MIN_PARTS + 4):
         parts = noisy_round(generator, noise=1.0)
         bad = -parts[3] if attack == "sign-flip" else torch.randn(2000, generator=generator)
         parts[3] = bad * parts[3].norm() / bad.norm()
         result = reduce(parts, [1.0] * 4, "centered-clip")
         alone = aggregation.centered_clip(torch.stack(parts[:3]), torch.ones(3))
         offsets.append(float((result - alone).norm() / alone.norm()))
-        assert robust.STANDING.left_out == ([] if round_number < aggregation.STANDING_MIN_PARTS - 1 else ["peer-3"])
+        assert robust.STANDING.left_out in ([], ["peer-3"])  # never an honest sender
+        screened.append(robust.STANDING.left_out == ["peer-3"])
         credited = [peer for peer, _ in robust.credited(REDUCERS[-1])]  # what the server's witness would record
         assert credited == [f"peer-{i}" for i in range(4 - len(robust.STANDING.left_out))]
-    assert min(offsets[: aggregation.STANDING_MIN_PARTS - 1]) > 0.01  # clipped, it still moved the result
-    assert max(offsets[aggregation.STANDING_MIN_PARTS - 1 :]) < 1e-6  # screened: the honest parts' result alone
+    first = screened.index(True)
+    # a sign-flipper points against a clear shared direction: screened once seen in STANDING_EARLY_PARTS parts; a
+    # noise sender is at the latest once seen in STANDING_MIN_PARTS, and from then on in every part
+    assert first == aggregation.STANDING_EARLY_PARTS - 1 if attack == "sign-flip" else first >= 1
+    assert all(screened[aggregation.STANDING_MIN_PARTS - 1 :]), screened
+    assert min(offsets[:first]) > 0.01  # clipped, it still moved the result
+    assert max(o for o, s in zip(offsets, screened) if s) < 1e-6  # screened: the honest parts' result alone
     flags = robust.take_flags()
     assert set(flags) <= {"peer-3"}
     if attack == "sign-flip":

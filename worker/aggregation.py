@@ -26,14 +26,17 @@ CLIP_ITERATIONS = 10
 # cosine with the true gradient halved in bench/byzantine.py's setting). An honest part is this far out only
 # with about a hundredth of the others' samples, and its weight is then about a hundredth of theirs.
 CLIP_OUTLIER_FACTOR = 10.0
-# A sender's standing under centered-clip (:class:`Standing`): the exponential mean of its parts' agreement with the
-# others' center, after this many of its parts, under this share of the median standing, has no say.
+# A sender's standing under centered-clip (:class:`Standing`, the exponential mean of its parts' agreement with the
+# others' center, STANDING_DECAY per part). While the median standing is at least STANDING_AGREEMENT (the parts
+# share a direction clearly), a sender seen in STANDING_EARLY_PARTS parts whose standing is under zero has no say,
+# and one seen in STANDING_MIN_PARTS parts whose standing is under STANDING_DISSENT times the median. Below it (parts
+# mostly noise, where an honest standing drifts far by chance: in a simulated swarm of peers of 4 samples a round, a
+# quarter of honest parts were screened out by the relative bound), only one seen in STANDING_MIN_PARTS parts whose
+# standing is under zero.
+STANDING_EARLY_PARTS = 4
 STANDING_MIN_PARTS = 8
 STANDING_DISSENT = 0.5
 STANDING_DECAY = 0.05
-# ... and only while the median standing is at least this: below it, honest parts are mostly noise and an honest
-# sender's standing drifts under the bound by chance (in a simulated swarm of peers of 4 samples a round, a quarter
-# of honest parts were screened out without it)
 STANDING_AGREEMENT = 0.3
 STANDING_MAX_SENDERS = 4096  # a reducer remembers this many senders at most (the ones seen longest ago go first)
 # A downloaded state whose parameters' norm is over this multiple of the peer's own is refused (unless it comes
@@ -123,9 +126,8 @@ class Standing:
     """Each sender's standing in one reducer's rounds under ``centered-clip``: the running mean of its parts'
     :func:`agreement` (an exponential mean, ``STANDING_DECAY`` per part). In one round a sign-flipped or noise part
     of an honest norm sits inside the honest parts' spread, where clipping cannot tell it apart; over rounds its
-    agreement stays near zero or below while every honest sender's stays positive. A sender seen in
-    ``STANDING_MIN_PARTS`` parts or more whose standing is under ``STANDING_DISSENT`` times the median standing of a
-    part's established senders has no say in that part (see :meth:`screen`)."""
+    agreement stays near zero or below while every honest sender's stays positive. A sender whose standing falls
+    under the bound of :meth:`screen` has no say in the part."""
 
     def __init__(self) -> None:
         self.score: dict[str, float] = {}
@@ -151,21 +153,30 @@ class Standing:
                 self.seen[sender] = self.seen.pop(sender)  # most recently seen last
 
     def screen(self, senders: Sequence[str], weights: Sequence[float]) -> list[float]:
-        """``weights`` with a zero for each established sender whose standing is under ``STANDING_DISSENT`` times
-        the median standing of this part's established senders, when that median is at least ``STANDING_AGREEMENT``
-        (the senders agree on a direction) and the senders left keep more than half of the weight."""
-        established = [
-            s for s, w in zip(senders, weights, strict=True) if w > 0 and self.seen.get(s, 0) >= STANDING_MIN_PARTS
-        ]
-        if len(established) < 3:
+        """``weights`` with a zero for each sender that stands apart from the median standing of this part's senders
+        seen in ``STANDING_EARLY_PARTS`` parts or more, while that median is positive:
+
+        - seen in ``STANDING_MIN_PARTS`` parts: a standing under ``STANDING_DISSENT`` times the median when the median
+          is at least ``STANDING_AGREEMENT`` (a clear shared direction), under zero otherwise;
+        - seen in ``STANDING_EARLY_PARTS`` parts, with the median at least ``STANDING_AGREEMENT``: under zero (pointing
+          against a clear shared direction after a few parts is no honest peer's chance).
+
+        Unchanged unless the senders left keep more than half of the weight."""
+        seen = [self.seen.get(s, 0) if w > 0 else 0 for s, w in zip(senders, weights, strict=True)]
+        early = [s for s, n in zip(senders, seen, strict=True) if n >= STANDING_EARLY_PARTS]
+        if len(early) < 3:
             return list(weights)
-        typical = statistics.median(self.score[s] for s in established)
+        typical = statistics.median(self.score[s] for s in early)
         if typical <= 0:  # no direction the senders agree on
             return list(weights)
-        # with mostly-noise parts (a median standing under STANDING_AGREEMENT) only a sender whose parts point
-        # against the others' on the whole is screened: an honest one's standing drifts too far by chance
-        bound = STANDING_DISSENT * typical if typical >= STANDING_AGREEMENT else 0.0
-        out = [0.0 if s in established and self.score[s] < bound else w for s, w in zip(senders, weights, strict=True)]
+        clear = typical >= STANDING_AGREEMENT
+
+        def bound(n: int) -> float:
+            if n >= STANDING_MIN_PARTS:
+                return STANDING_DISSENT * typical if clear else 0.0
+            return 0.0 if clear and n >= STANDING_EARLY_PARTS else -math.inf
+
+        out = [0.0 if self.score.get(s, 0.0) < bound(n) else w for s, w, n in zip(senders, weights, seen, strict=True)]
         if sum(out) * 2 <= sum(weights):
             return list(weights)
         return out
