@@ -200,28 +200,37 @@ EPOCHS = 30
 TRAINED = 0.7
 
 
+def honest_three_and(attack: str, swarm_peer, tmp_path: Path) -> tuple[Peers, dict[str, dict]]:
+    """Three honest volunteers and mallory, sending her gradients the ``attack`` way, under centered-clip: once the
+    four of them averaged together, the honest three train ``EPOCHS`` epochs; their summaries."""
+    peers = Peers(swarm_peer, tmp_path, "centered-clip")
+    try:
+        for name in ("ada", "bob", "cyd"):
+            peers.start(name, minutes=5)
+        peers.start("mallory", attack=attack, minutes=5)
+        for name in ("ada", "bob", "cyd", "mallory"):
+            peers.joined(name)
+        peers.wait_for("ada", lambda e: e.get("averaged", 0) == 4, 120)  # the attacker included
+        peers.train_until(("ada", "bob", "cyd"), EPOCHS, 240)
+        return peers, {name: peers.summary(name) for name in ("ada", "bob", "cyd")}
+    finally:
+        peers.stop()
+
+
+def assert_trained_with_the_attacker(summaries: dict[str, dict], tmp_path: Path) -> None:
+    for name, summary in summaries.items():
+        print(f"{name}: loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f} at epoch {summary['epoch']}")
+        assert summary["rounds"].get("4", 0) >= 3, (name, summary)  # the attacker took part in the rounds
+        assert summary["last_loss"] < TRAINED * summary["first_loss"], (name, summary, trail(tmp_path / f"{name}.log"))
+
+
 def test_centered_clip_keeps_training_while_one_peer_in_four_sends_gradients_times_minus_1000(swarm_peer, tmp_path):
     """Three honest volunteers and one whose every gradient part is its real one x -1000: with centered-clip the
     honest peers' loss goes down as in a clean swarm (under the plain mean it climbs: bench/byzantine.py). Each
     honest part is mostly noise at this batch: the attacker's part, clipped to that spread, would still cancel the
     gradient; it is far outside the spread, so it is left out."""
-    peers = Peers(swarm_peer, tmp_path, "centered-clip")
-    try:
-        for name in ("ada", "bob", "cyd"):
-            peers.start(name, minutes=5)
-        peers.start("mallory", attack="scale", minutes=5)
-        for name in ("ada", "bob", "cyd", "mallory"):
-            peers.joined(name)
-        # the four of them average together, attacker included
-        peers.wait_for("ada", lambda e: e.get("averaged", 0) == 4, 120)
-        peers.train_until(("ada", "bob", "cyd"), EPOCHS, 240)
-        summaries = {name: peers.summary(name) for name in ("ada", "bob", "cyd")}
-    finally:
-        peers.stop()
-    for name, summary in summaries.items():
-        print(f"{name}: loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f} at epoch {summary['epoch']}")
-        assert summary["rounds"].get("4", 0) >= 3, (name, summary)  # the attacker took part in the rounds
-        assert summary["last_loss"] < TRAINED * summary["first_loss"], (name, summary, trail(tmp_path / f"{name}.log"))
+    peers, summaries = honest_three_and("scale", swarm_peer, tmp_path)
+    assert_trained_with_the_attacker(summaries, tmp_path)
 
 
 def test_centered_clip_leaves_out_and_flags_a_peer_whose_gradients_point_against_the_swarm(swarm_peer, tmp_path):
@@ -229,25 +238,12 @@ def test_centered_clip_leaves_out_and_flags_a_peer_whose_gradients_point_against
     inside the honest parts' spread, where clipping cannot tell it apart in one round. Over rounds its standing in
     the honest reducers falls below zero (``aggregation.Standing``): they leave its parts out and flag it, flag no
     honest peer so, and the honest peers train."""
-    peers = Peers(swarm_peer, tmp_path, "centered-clip")
-    try:
-        for name in ("ada", "bob", "cyd"):
-            peers.start(name, minutes=5)
-        peers.start("mallory", attack="flip", minutes=5)
-        for name in ("ada", "bob", "cyd", "mallory"):
-            peers.joined(name)
-        peers.wait_for("ada", lambda e: e.get("averaged", 0) == 4, 120)
-        peers.train_until(("ada", "bob", "cyd"), EPOCHS, 240)
-        summaries = {name: peers.summary(name) for name in ("ada", "bob", "cyd")}
-    finally:
-        peers.stop()
+    peers, summaries = honest_three_and("flip", swarm_peer, tmp_path)
     mallory = peers.peer_ids["mallory"]
     flagged = [n for n, s in summaries.items() if s["flags"].get(mallory, {}).get(robust.DISSENT_REASON, 0) >= 1]
     assert flagged, summaries
+    assert_trained_with_the_attacker(summaries, tmp_path)
     for name, summary in summaries.items():
-        print(f"{name}: loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f} at epoch {summary['epoch']}")
-        assert summary["rounds"].get("4", 0) >= 3, (name, summary)  # the attacker took part in the rounds
-        assert summary["last_loss"] < TRAINED * summary["first_loss"], (name, summary, trail(tmp_path / f"{name}.log"))
         for honest in ("ada", "bob", "cyd"):
             assert robust.DISSENT_REASON not in summary["flags"].get(peers.peer_ids[honest], {}), (name, summary)
 

@@ -144,13 +144,11 @@ class Standing:
             seen = self.seen.get(sender, 0)
             decay = max(STANDING_DECAY, 1.0 / (seen + 1))  # a plain mean until there are enough parts
             self.score[sender] = self.score.get(sender, 0.0) * (1 - decay) + cosine * decay
-            self.seen[sender] = seen + 1
+            self.seen.pop(sender, None)
+            self.seen[sender] = seen + 1  # most recently seen last
             if len(self.seen) > STANDING_MAX_SENDERS:  # forget the sender seen longest ago
                 oldest = next(iter(self.seen))
-                self.seen.pop(oldest)
-                self.score.pop(oldest, None)
-            else:
-                self.seen[sender] = self.seen.pop(sender)  # most recently seen last
+                del self.seen[oldest], self.score[oldest]
 
     def screen(self, senders: Sequence[str], weights: Sequence[float]) -> list[float]:
         """``weights`` with a zero for each sender that stands apart from the median standing of this part's senders

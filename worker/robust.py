@@ -185,6 +185,16 @@ def make_reducer_class() -> type:
         def _who(self, sender_index: int) -> str:
             return self.sender_ids[sender_index] if sender_index < len(self.sender_ids) else f"sender-{sender_index}"
 
+        def _dissent(self, sender_index: int, who: str) -> None:
+            """``who`` was screened out of a part by its standing: no credit for this round, and a flag when its
+            standing is under zero (on the whole against the others: evidence, not chance)."""
+            if sender_index in self.dissented:
+                return
+            self.dissented.add(sender_index)
+            logger.warning("left out %s's part: its gradients stand apart from the swarm's", who)
+            if STANDING.score[who] < 0:
+                flag(who, DISSENT_REASON)
+
         def check_current_part_finished(self) -> None:
             assert self.current_part_accumulated_from <= self.num_current_senders
             if self.current_part_accumulated_from == self.num_current_senders:
@@ -196,12 +206,7 @@ def make_reducer_class() -> type:
                     standing = STANDING if aggregation == "centered-clip" else None
                     result = combine(held.parts, weights, aggregation, ids, standing)
                     for who in standing.left_out if standing is not None else ():
-                        index = held.senders[ids.index(who)]
-                        if index not in self.dissented:
-                            self.dissented.add(index)
-                            logger.warning("left out %s's part: its gradients stand apart from the swarm's", who)
-                            if STANDING.score[who] < 0:  # on the whole against the others: evidence, not chance
-                                flag(who, DISSENT_REASON)
+                        self._dissent(held.senders[ids.index(who)], who)
                 else:
                     result = torch.zeros(self.part_shapes[self.current_part_index])
                 self.current_part_future.set_result(result)
