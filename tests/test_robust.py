@@ -161,17 +161,30 @@ def noisy_round(generator: torch.Generator, noise: float, samples=(1.0, 1.0, 1.0
     return [gradient + noise / n**0.5 * torch.randn(size, generator=generator) / size**0.5 for n in samples]
 
 
-@pytest.mark.parametrize("attack", ["sign-flip", "noise"])
-def test_a_part_of_an_honest_norm_that_keeps_pointing_elsewhere_loses_its_say_after_a_few_rounds(attack):
-    """Sign-flipped or random parts of an honest part's norm sit inside the honest spread, where clipping cannot
-    tell them apart in one round (each still pulls the result by its share of the radius). Over rounds the
-    sender's standing stays at or below zero while the honest senders' stays positive: from then on its parts have
-    no say, the result is what the honest parts give alone, and a sign-flipper is flagged."""
+@pytest.mark.parametrize(
+    ("attack", "noise", "first"),
+    [
+        # the honest parts' cosine with the others' center about 0.87: a flipped part points clearly against it
+        ("sign-flip", 0.5, 1),
+        # about 0.37: no single part tells, a standing under zero does once seen in STANDING_EARLY_PARTS parts
+        ("sign-flip", 1.3, aggregation.STANDING_EARLY_PARTS),
+        # about 0.55, and a noise part's near zero: at the latest once seen in STANDING_MIN_PARTS parts
+        ("noise", 1.0, aggregation.STANDING_MIN_PARTS),
+    ],
+    ids=["sign-flip-clear", "sign-flip-noisy", "noise"],
+)
+def test_a_part_of_an_honest_norm_that_keeps_pointing_elsewhere_loses_its_say_after_a_few_rounds(attack, noise, first):
+    """Sign-flipped or random parts of an honest part's norm sit inside the honest spread, where clipping alone
+    cannot tell them apart (each still pulls the result by its share of the radius). A flipped part in a part whose
+    senders clearly share a direction points against it and has no say from its first round; otherwise, over rounds,
+    the sender's standing stays at or below zero while the honest senders' stays positive. From then on its parts
+    have no say, the result is what the honest parts give alone, and a sign-flipper is flagged once seen in
+    STANDING_EARLY_PARTS parts (not on one part's evidence)."""
     robust.take_flags()
     generator = torch.Generator().manual_seed(5)
     offsets, screened = [], []
     for _ in range(aggregation.STANDING_MIN_PARTS + 4):
-        parts = noisy_round(generator, noise=1.0)
+        parts = noisy_round(generator, noise=noise)
         bad = -parts[3] if attack == "sign-flip" else torch.randn(2000, generator=generator)
         parts[3] = bad * parts[3].norm() / bad.norm()
         result = reduce(parts, [1.0] * 4, "centered-clip")
@@ -181,17 +194,20 @@ def test_a_part_of_an_honest_norm_that_keeps_pointing_elsewhere_loses_its_say_af
         screened.append(robust.STANDING.left_out == ["peer-3"])
         credited = [peer for peer, _ in robust.credited(REDUCERS[-1])]  # what the server's witness would record
         assert credited == [f"peer-{i}" for i in range(4 - len(robust.STANDING.left_out))]
-    first = screened.index(True)
-    # a sign-flipper points against a clear shared direction: screened once seen in STANDING_EARLY_PARTS parts; a
-    # noise sender is at the latest once seen in STANDING_MIN_PARTS, and from then on in every part
-    assert first == aggregation.STANDING_EARLY_PARTS - 1 if attack == "sign-flip" else first >= 1
-    assert all(screened[aggregation.STANDING_MIN_PARTS - 1 :]), screened
-    assert min(offsets[:first]) > 0.01  # clipped, it still moved the result
+    seen_when_screened = screened.index(True) + 1
+    if attack == "sign-flip":
+        assert seen_when_screened == first, screened
+    else:
+        assert 1 < seen_when_screened <= first, screened
+    assert all(screened[seen_when_screened - 1 :]), screened  # and from then on in every part
+    if seen_when_screened > 1:
+        assert min(offsets[: seen_when_screened - 1]) > 0.01  # clipped, it still moved the result
     assert max(o for o, s in zip(offsets, screened) if s) < 1e-6  # screened: the honest parts' result alone
     flags = robust.take_flags()
     assert set(flags) <= {"peer-3"}
-    if attack == "sign-flip":
-        assert flags["peer-3"][robust.DISSENT_REASON] >= 4
+    if attack == "sign-flip":  # one flag per round from its STANDING_EARLY_PARTS-th part on
+        expected = aggregation.STANDING_MIN_PARTS + 4 - aggregation.STANDING_EARLY_PARTS + 1
+        assert flags["peer-3"][robust.DISSENT_REASON] == expected, flags
 
 
 def test_honest_senders_keep_their_say_whether_fast_slow_or_noisy():

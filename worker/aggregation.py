@@ -38,6 +38,11 @@ STANDING_MIN_PARTS = 8
 STANDING_DISSENT = 0.5
 STANDING_DECAY = 0.05
 STANDING_AGREEMENT = 0.3
+# Within one part, before any standing is made: a sender whose part's agreement is at or under -STANDING_CLEAR_PART
+# while the part's median agreement is at least STANDING_CLEAR_PART has no say in that part. When the others share
+# a direction that clearly, an honest part (the same gradient with its own batch's noise) does not point against
+# it; a sign-flipped part does, from its first round. Noise parts sit near zero and are left to the standing.
+STANDING_CLEAR_PART = 0.5
 STANDING_MAX_SENDERS = 4096  # a reducer remembers this many senders at most (the ones seen longest ago go first)
 # A downloaded state whose parameters' norm is over this multiple of the peer's own is refused (unless it comes
 # from the server's own peer), and a state round's part this far from the median part's norm is left out
@@ -150,31 +155,41 @@ class Standing:
                 oldest = next(iter(self.seen))
                 del self.seen[oldest], self.score[oldest]
 
-    def screen(self, senders: Sequence[str], weights: Sequence[float]) -> list[float]:
+    def screen(
+        self, senders: Sequence[str], weights: Sequence[float], cosines: Sequence[float] | None = None
+    ) -> list[float]:
         """``weights`` with a zero for each sender that stands apart from the median standing of this part's senders
         seen in ``STANDING_EARLY_PARTS`` parts or more, while that median is positive:
 
         - seen in ``STANDING_MIN_PARTS`` parts: a standing under ``STANDING_DISSENT`` times the median when the median
           is at least ``STANDING_AGREEMENT`` (a clear shared direction), under zero otherwise;
         - seen in ``STANDING_EARLY_PARTS`` parts, with the median at least ``STANDING_AGREEMENT``: under zero (pointing
-          against a clear shared direction after a few parts is no honest peer's chance).
+          against a clear shared direction after a few parts is no honest peer's chance);
+
+        and, with this part's ``cosines`` (:func:`agreement`), for each sender whose part points against a direction
+        the part's senders clearly share (``STANDING_CLEAR_PART``), however few parts it was seen in.
 
         Unchanged unless the senders left keep more than half of the weight."""
         seen = [self.seen.get(s, 0) if w > 0 else 0 for s, w in zip(senders, weights, strict=True)]
+        against = [False] * len(senders)
+        live = [c for c, w in zip(cosines or [], weights, strict=False) if w > 0]
+        if cosines is not None and len(live) >= 3 and statistics.median(live) >= STANDING_CLEAR_PART:
+            against = [w > 0 and c <= -STANDING_CLEAR_PART for c, w in zip(cosines, weights, strict=True)]
         early = [s for s, n in zip(senders, seen, strict=True) if n >= STANDING_EARLY_PARTS]
-        if len(early) < 3:
-            return list(weights)
-        typical = statistics.median(self.score[s] for s in early)
-        if typical <= 0:  # no direction the senders agree on
-            return list(weights)
+        typical = statistics.median(self.score[s] for s in early) if len(early) >= 3 else 0.0
         clear = typical >= STANDING_AGREEMENT
 
         def bound(n: int) -> float:
+            if typical <= 0:  # too few senders with a standing, or no direction they agree on
+                return -math.inf
             if n >= STANDING_MIN_PARTS:
                 return STANDING_DISSENT * typical if clear else 0.0
             return 0.0 if clear and n >= STANDING_EARLY_PARTS else -math.inf
 
-        out = [0.0 if self.score.get(s, 0.0) < bound(n) else w for s, w, n in zip(senders, weights, seen, strict=True)]
+        out = [
+            0.0 if now or self.score.get(s, 0.0) < bound(n) else w
+            for s, w, n, now in zip(senders, weights, seen, against, strict=True)
+        ]
         if sum(out) * 2 <= sum(weights):
             return list(weights)
         return out
@@ -227,8 +242,9 @@ def combine(
         center, tau = clip_with_radius(stacked, rows)
         if standing is not None and senders is not None and len(kept) >= 3:
             ids = [s for _, _, s in kept]
-            standing.observe(ids, agreement(stacked, rows, center, tau), rows.tolist())
-            screened = standing.screen(ids, rows.tolist())
+            cosines = agreement(stacked, rows, center, tau)
+            standing.observe(ids, cosines, rows.tolist())
+            screened = standing.screen(ids, rows.tolist(), cosines)
             standing.left_out = [s for s, w in zip(ids, screened, strict=True) if w == 0]
             if standing.left_out:
                 live = torch.tensor([w > 0 for w in screened])

@@ -42,6 +42,7 @@ import torch
 from . import peer_flags
 from .aggregation import (
     AGGREGATIONS,
+    STANDING_EARLY_PARTS,
     WEIGHT_FLAG_FACTOR,
     Standing,
     capped_weights,
@@ -187,12 +188,13 @@ def make_reducer_class() -> type:
 
         def _dissent(self, sender_index: int, who: str) -> None:
             """``who`` was screened out of a part by its standing: no credit for this round, and a flag when its
-            standing is under zero (on the whole against the others: evidence, not chance)."""
+            standing is under zero after ``STANDING_EARLY_PARTS`` parts (on the whole against the others: evidence,
+            not one part's chance)."""
             if sender_index in self.dissented:
                 return
             self.dissented.add(sender_index)
             logger.warning("left out %s's part: its gradients stand apart from the swarm's", who)
-            if STANDING.score[who] < 0:
+            if STANDING.score[who] < 0 and STANDING.seen[who] >= STANDING_EARLY_PARTS:
                 flag(who, DISSENT_REASON)
 
         def check_current_part_finished(self) -> None:
