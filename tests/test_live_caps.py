@@ -18,9 +18,11 @@ from .conftest import LiveServer, make_experiment, make_user
 async def open_viewer(port: int, slug: str, address: str) -> tuple[websockets.ClientConnection | None, str]:
     """A dashboard socket from ``address`` (a loopback address of its own); returns (socket, "") when it got its
     first snapshot, or (None, "<code> <reason>") when the server closed it."""
-    ws = await websockets.connect(f"ws://127.0.0.1:{port}/ws/experiments/{slug}/live", local_addr=(address, 0))
+    # the caps are asserted, not the latency: one handshake took over websockets' default 10 s on a loaded machine
+    url = f"ws://127.0.0.1:{port}/ws/experiments/{slug}/live"
+    ws = await websockets.connect(url, local_addr=(address, 0), open_timeout=60)
     try:
-        snapshot = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        snapshot = json.loads(await asyncio.wait_for(ws.recv(), 60))
     except websockets.ConnectionClosed as closed:
         return None, f"{closed.rcvd.code} {closed.rcvd.reason}" if closed.rcvd else "no close frame"
     assert "metrics" in snapshot
