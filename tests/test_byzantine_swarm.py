@@ -196,8 +196,8 @@ class Peers:
 # Since every peer of a run starts from the same seeded model, 9 of 10 runs ended at 0.20-0.37 of their first loss and
 # one stalled (2.28 -> 2.02, every round with all four peers; its cause is not found): a failure prints the peer's
 # loss trail for that diagnosis. With the senders' standing (which also screens the x-1000 part, pointing against the
-# others, besides the outlier bound), twelve runs one at a time at 7f14e2a all passed, at 0.14-0.38 of their first
-# loss by epoch 30-32 (110-139 s each).
+# others, besides the outlier bound), twelve runs at 7f14e2a's worker code all passed (eleven alone, the last with a
+# one-process simulation beside it), at 0.14-0.38 of their first loss by epoch 30-32 (110-139 s each).
 EPOCHS = 30
 TRAINED = 0.7
 

@@ -155,9 +155,7 @@ class Standing:
                 oldest = next(iter(self.seen))
                 del self.seen[oldest], self.score[oldest]
 
-    def screen(
-        self, senders: Sequence[str], weights: Sequence[float], cosines: Sequence[float] | None = None
-    ) -> list[float]:
+    def screen(self, senders: Sequence[str], weights: Sequence[float], cosines: Sequence[float]) -> list[float]:
         """``weights`` with a zero for each sender that stands apart from the median standing of this part's senders
         seen in ``STANDING_EARLY_PARTS`` parts or more, while that median is positive:
 
@@ -166,15 +164,14 @@ class Standing:
         - seen in ``STANDING_EARLY_PARTS`` parts, with the median at least ``STANDING_AGREEMENT``: under zero (pointing
           against a clear shared direction after a few parts is no honest peer's chance);
 
-        and, with this part's ``cosines`` (:func:`agreement`), for each sender whose part points against a direction
+        and, from this part's ``cosines`` (:func:`agreement`), for each sender whose part points against a direction
         the part's senders clearly share (``STANDING_CLEAR_PART``), however few parts it was seen in.
 
         Unchanged unless the senders left keep more than half of the weight."""
         seen = [self.seen.get(s, 0) if w > 0 else 0 for s, w in zip(senders, weights, strict=True)]
-        against = [False] * len(senders)
-        live = [c for c, w in zip(cosines or [], weights, strict=False) if w > 0]
-        if cosines is not None and len(live) >= 3 and statistics.median(live) >= STANDING_CLEAR_PART:
-            against = [w > 0 and c <= -STANDING_CLEAR_PART for c, w in zip(cosines, weights, strict=True)]
+        live = [c for c, w in zip(cosines, weights, strict=True) if w > 0]
+        clear_now = len(live) >= 3 and statistics.median(live) >= STANDING_CLEAR_PART
+        against = [clear_now and w > 0 and c <= -STANDING_CLEAR_PART for c, w in zip(cosines, weights, strict=True)]
         early = [s for s, n in zip(senders, seen, strict=True) if n >= STANDING_EARLY_PARTS]
         typical = statistics.median(self.score[s] for s in early) if len(early) >= 3 else 0.0
         clear = typical >= STANDING_AGREEMENT
