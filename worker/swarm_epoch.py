@@ -118,13 +118,15 @@ def bounded_progress(
     own_epoch: int = 0,
     distrusted: frozenset[str] = frozenset(),
     partners: frozenset[str] | None = None,
+    own_peer: str | None = None,
 ) -> tuple[Any, int | None, list[str]]:
     """``metadata`` without the records whose epoch is past the bound (and without records of peers not on the
     roster, or ``distrusted``); the bound; the peer IDs whose records were dropped for their epoch.
 
     The bound is one past the larger of this peer's epoch and the hub's vote (the largest epoch its peers' records
-    state) where the server's peers are in the swarm, and :func:`epoch_bound` (the other accounts' median) where
-    they are not: with two forging accounts of three, the median is a forged epoch; the hub's is not.
+    state, less the record of ``own_peer``, this peer's ID) where the server's peers are in the swarm, and
+    :func:`epoch_bound` (the other accounts' median) where they are not: with two forging accounts of three, the
+    median is a forged epoch; the hub's is not.
 
     With ``partners`` (the peers this one averaged with lately, see ``robust.partners``), a peer already in the
     swarm follows a record at the bound itself (one past both its own epoch and the hub's vote, or the median) only
@@ -138,7 +140,16 @@ def bounded_progress(
     entries = progress_entries(metadata, names)
     voters = [(name, epoch) for _, name, epoch, client in entries if not client]
     server = swarm_access.SERVER_PEER_USERNAME
-    hub = [epoch for name, epoch in voters if name == server] if own_username != server else []
+    # The hub's vote leaves out this peer's own record: the server's checkpoint peer follows the witness's.
+    hub = (
+        []
+        if own_username == server and own_peer is None
+        else [
+            epoch
+            for subkey, name, epoch, client in entries
+            if not client and name == server and (own_peer is None or owner_peer_id(subkey) != own_peer)
+        ]
+    )
     median: int | None
     if hub:
         # The hub's vote stands for the others': its witness states the epoch its partners reached by completing
@@ -259,6 +270,7 @@ def make_tracker_class() -> type:
                     self.local_progress.epoch,
                     robust.distrusted(),
                     robust.partners(),
+                    self.dht.peer_id.to_base58(),
                 )
                 not_trainers = {self.roster.own_username, swarm_access.SERVER_PEER_USERNAME}
                 self.other_trainers = sum(

@@ -66,6 +66,7 @@ class Witness:
         self._present_at = 0.0
         self._present_epoch: int | None = None
         self._epoch_read_at = -PRESENT_SECONDS
+        self._evidenced = 0  # the epoch the last rounds with partners showed
 
     def keep_present(self, tracker: Any) -> None:
         """Keep a progress record of this peer in the swarm (epoch: the swarm's, no samples), as a trainer's.
@@ -88,14 +89,20 @@ class Witness:
         if epoch == self._present_epoch and now - self._present_at < PRESENT_SECONDS:
             return
         if store_presence(self.dht, tracker, epoch):
+            if epoch != self._present_epoch:
+                logger.info("stating the swarm's epoch as %d", epoch)
             self._present_at, self._present_epoch = now, epoch
 
     def swarm_epoch(self, tracker: Any) -> int:
-        """The lower median of the votes (each account's largest epoch) of the volunteers this peer completed a
-        gradient round with lately (``robust.partners``, less the distrusted): an honest peer reaches an epoch by
-        completing rounds, which this peer takes part in, while a peer that only publishes records never becomes
-        a partner. Before any round, the lower median of all the other accounts' votes; the tracker's epoch
-        without a roster, or with no other account in the swarm."""
+        """The epoch completed rounds show: the lower median of the votes (each account's largest epoch) of the
+        volunteers this peer completed a gradient round with lately (``robust.partners``, less the distrusted).
+        An honest peer reaches an epoch by completing rounds, which this peer takes part in, while a peer that only
+        publishes records never becomes a partner.
+
+        Without a partner, the epoch the last rounds showed (0 before any): a record alone is no evidence. An
+        out-of-sync hivemind peer publishes no record at all, so a forger's can be the only one in the swarm, and
+        restating it would keep every newcomer out of sync, each downloading another's state, for as long as the
+        forger ratchets. The tracker's epoch without a roster."""
         from .swarm_epoch import median_vote, owner_peer_id, progress_entries
 
         if self.roster is None:
@@ -104,16 +111,13 @@ class Witness:
         gone = robust.distrusted()
         names = {peer: name for peer, name in self.roster.usernames().items() if peer not in gone}
         entries = progress_entries(found.value if found is not None else None, names)
-        server = swarm_access.SERVER_PEER_USERNAME
         partners = robust.partners()
-        votes = [(name, epoch) for subkey, name, epoch, client in entries if not client]
-        with_partners = [
-            (name, epoch) for subkey, name, epoch, client in entries if not client and owner_peer_id(subkey) in partners
-        ]
-        median = median_vote(with_partners, server)
-        if median is None:
-            median = median_vote(votes, server)
-        return int(tracker.global_epoch) if median is None else median
+        # a client-mode partner's epoch is evidenced by its rounds as well as anyone's
+        with_partners = [(name, epoch) for subkey, name, epoch, _ in entries if owner_peer_id(subkey) in partners]
+        median = median_vote(with_partners, swarm_access.SERVER_PEER_USERNAME)
+        if median is not None:
+            self._evidenced = median
+        return self._evidenced
 
     def publish(self, epoch: int) -> None:
         """Collect what happened since the last call (rounds of ``epoch``, the epoch the peer was in before its
