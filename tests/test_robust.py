@@ -316,6 +316,34 @@ def test_a_peer_flagged_with_evidence_is_not_followed_but_a_lagging_one_is():
     robust.take_flags()
 
 
+def test_the_server_s_checkpoint_peer_is_bounded_by_the_witness_s_record_not_by_a_lone_forger():
+    """With the forger's the only volunteer record (hivemind publishes none for an out-of-sync peer), the other
+    accounts' median is the forger's epoch; the server's checkpoint peer holds records against the witness's."""
+    from hivemind.optim.progress_tracker import LocalTrainingProgress
+    from hivemind.utils.crypto import RSAPrivateKey
+    from hivemind.utils.timed_storage import ValueWithExpiration
+
+    keys = {name: RSAPrivateKey() for name in ("witness", "keeper", "mallory")}
+    ids = {name: swarm_access.peer_id_for_public_key(k.get_public_key().to_bytes()) for name, k in keys.items()}
+    epochs = {"witness": 0, "keeper": 0, "mallory": 40}
+    metadata = {
+        b"[owner:" + keys[name].get_public_key().to_bytes() + b"]": ValueWithExpiration(
+            LocalTrainingProgress(
+                peer_id=b"x", epoch=epoch, samples_accumulated=0, samples_per_second=0.0, time=0.0, client_mode=False
+            ).dict(),
+            0.0,
+        )
+        for name, epoch in epochs.items()
+    }
+    server = swarm_access.SERVER_PEER_USERNAME
+    names = {ids["witness"]: server, ids["keeper"]: server, ids["mallory"]: "mallory"}
+    kept, bound, ahead = robust.bounded_progress(metadata, names, server, 0, own_peer=ids["keeper"])
+    assert bound == 1 and ahead == [ids["mallory"]] and len(kept) == 2
+    # without saying which peer it is, a server peer has no hub to follow: the forger's epoch is the bound
+    _, bound, ahead = robust.bounded_progress(metadata, names, server, 0)
+    assert bound == 41 and ahead == []
+
+
 def test_a_state_with_non_finite_values_or_a_jump_in_norm_is_refused():
     own = [torch.ones(10), torch.ones(5)]
     assert robust.check_state([torch.ones(10) * 2, torch.ones(5), torch.zeros(3)], own) is None
