@@ -23,7 +23,9 @@ from swarmhub.worker.tasks.albert import PRESETS, AlbertMLMTask, AlbertParams, C
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 CPU = torch.device("cpu")
-TRAIN_STEPS = 200
+# Held-out loss after these steps at lr 0.01: 5.74-5.77 in repeated runs, against 6.11 for token frequencies alone
+# (200 steps at lr 0.02 gave 6.02-6.18: the tokenizer and the first weights vary a little from run to run).
+TRAIN_STEPS = 300
 
 
 @pytest.fixture(scope="module")
@@ -303,7 +305,7 @@ def trained(corpus: LocalCorpus, one_thread: None) -> dict[str, Any]:
     model = task.build_model()
     before = task.evaluate(model, CPU)
     again = task.evaluate(model, CPU)
-    opt = Lamb(task.parameter_groups(model), lr=0.02)
+    opt = Lamb(task.parameter_groups(model), lr=0.01)
     model.train()
     for batch, _ in zip(task.batches(seed=1), range(TRAIN_STEPS)):
         opt.zero_grad()

@@ -18,6 +18,10 @@ ROSTER_CACHE_SECONDS = 10.0
 # final count): hivemind stores one after every step, and each costs the peer's DHT process, its p2pd and every
 # receiving peer a signature and a check.
 PROGRESS_INTERVAL = 0.5
+# A record is not followed for this long once this peer, out of sync, has found no state at the epoch it states for
+# UNBACKED_AFTER_SECONDS (see GuardedProgressTracker.leave_out_unbacked).
+UNBACKED_SECONDS = 60.0
+UNBACKED_AFTER_SECONDS = 20.0
 
 
 class Roster:
@@ -222,6 +226,8 @@ def make_tracker_class() -> type:
             self._signalled_epoch: int | None = None
             self._signalled_ready = False
             self._unsent = threading.Event()  # a count was kept back: the flusher sends it within the interval
+            self.kept_epochs: dict[str, int] = {}  # volunteers' peer ID -> epoch, of the records followed last
+            self._unbacked: dict[str, float] = {}  # peer ID -> monotonic time until which its records are left out
             super().__init__(*args, **kwargs)
             threading.Thread(target=self._flush_kept_counts, daemon=True, name="swarmhub-progress").start()
 
@@ -260,6 +266,23 @@ def make_tracker_class() -> type:
                     self._unsent.clear()
                     self.should_report_progress.set()
 
+        def unbacked(self) -> frozenset[str]:
+            now = time.monotonic()
+            return frozenset(peer for peer, until in self._unbacked.items() if until > now)
+
+        def leave_out_unbacked(self, own_epoch: int) -> list[str]:
+            """Leave out, for UNBACKED_SECONDS, the records of the volunteers' peers that state an epoch this peer
+            could not catch up with (past ``own_epoch`` + 1): called when it found no state at their epoch for
+            UNBACKED_AFTER_SECONDS. A record whose epoch no peer's state holds keeps a newcomer out of sync at every
+            step, downloading other newcomers' states, for as long as it is followed; and hivemind publishes no
+            record for an out-of-sync peer, so a forger's can be the only ones there are. An honest peer's records
+            come back after the pause. The peers left out."""
+            until = time.monotonic() + UNBACKED_SECONDS
+            ahead = [peer for peer, epoch in self.kept_epochs.items() if epoch > own_epoch + 1]
+            for peer in ahead:
+                self._unbacked[peer] = until
+            return ahead
+
         def _parse_swarm_progress_data(self, metadata: Any) -> Any:
             try:
                 names = self.roster.usernames()
@@ -268,11 +291,16 @@ def make_tracker_class() -> type:
                     names,
                     self.roster.own_username,
                     self.local_progress.epoch,
-                    robust.distrusted(),
+                    robust.distrusted() | self.unbacked(),
                     robust.partners(),
                     self.dht.peer_id.to_base58(),
                 )
                 not_trainers = {self.roster.own_username, swarm_access.SERVER_PEER_USERNAME}
+                self.kept_epochs = {
+                    owner_peer_id(subkey) or "?": epoch
+                    for subkey, name, epoch, _ in progress_entries(kept, names)
+                    if name not in not_trainers
+                }
                 self.other_trainers = sum(
                     1 for subkey in kept or () if names.get(owner_peer_id(subkey) or "") not in not_trainers
                 )

@@ -31,6 +31,7 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 
 from . import robust
+from .swarm_epoch import UNBACKED_AFTER_SECONDS, UNBACKED_SECONDS
 
 logger = logging.getLogger(__name__)
 # After a state download that left this peer behind, the swarm's progress is read again at most this often
@@ -113,6 +114,7 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
 
     def __init__(self, *args: Any, roster: robust.Roster | None = None, **kwargs: Any):
         self._roster = roster
+        self._behind_since: float | None = None  # out of sync since, with no state at the swarm's epoch found
         super().__init__(*args, **kwargs)
 
     def _make_state_averager(self, **kwargs: Any) -> SwarmStateAverager:
@@ -175,8 +177,25 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
         """hivemind's, then, when no state could be taken and the swarm still looks ahead, an immediate read of
         the swarm's progress: the read leaves out the peers whose state was just refused (``robust.distrusted``),
         so a peer that serves a poisoned state while advertising a newer epoch keeps no one "out of sync" (without
-        it, hivemind asks for the state again at every step until its next scheduled read, and refuses it again)."""
+        it, hivemind asks for the state again at every step until its next scheduled read, and refuses it again).
+
+        A peer still out of sync after UNBACKED_AFTER_SECONDS of this leaves out the records it could not catch up
+        with for a while (``GuardedProgressTracker.leave_out_unbacked``): no peer's state is at their epoch."""
         super().load_state_from_peers(**kwargs)
+        if self._roster is None or self.local_epoch >= self.tracker.global_epoch - 1:
+            self._behind_since = None
+        elif self._behind_since is None:
+            self._behind_since = time.monotonic()
+        elif time.monotonic() - self._behind_since >= UNBACKED_AFTER_SECONDS:
+            self._behind_since = None
+            for peer in self.tracker.leave_out_unbacked(self.local_epoch):
+                logger.warning(
+                    "found no state at the epoch %s's progress records state for %.0f s: not following them for %.0f s",
+                    peer,
+                    UNBACKED_AFTER_SECONDS,
+                    UNBACKED_SECONDS,
+                )
+            self._reread_at = 0.0  # read the swarm's progress without them now
         if self._roster is None or self.local_epoch >= self.tracker.global_epoch:
             return
         if time.monotonic() - getattr(self, "_reread_at", 0.0) < REREAD_AFTER_FAILED_CATCH_UP_SECONDS:

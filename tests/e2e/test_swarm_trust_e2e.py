@@ -108,7 +108,8 @@ def volunteer_env(tmp: Path, name: str, url: str, token: str) -> dict[str, str]:
 
 
 def start_open_digits(url: str, organizer: dict[str, str], **settings: Any) -> None:
-    """The organizer creates and starts the open digits experiment (the server's witness on, its default)."""
+    """The organizer creates and starts the open digits experiment (the server's witness on unless ``settings``
+    turn it off)."""
     created = httpx.post(
         f"{url}/api/experiments",
         headers=organizer,
@@ -125,7 +126,7 @@ def start_open_digits(url: str, organizer: dict[str, str], **settings: Any) -> N
         },
     )
     assert created.status_code == 201, created.text
-    assert created.json()["aux_peer"] is True  # the witness runs by default
+    assert created.json()["aux_peer"] is settings.get("aux_peer", True)  # the witness runs by default
     started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
     assert started.json()["status"] == "running"
 
@@ -143,43 +144,53 @@ def start_volunteers(url: str, tmp: Path, *volunteers: tuple[str, str | None]) -
     return workers
 
 
+def start_forger(url: str, tmp: Path, seconds: float) -> subprocess.Popen[str]:
+    """mallory signs up, joins through the public API with her own key and runs FORGER for ``seconds``; returns once
+    her first record and a few more are in the swarm (before any volunteer's: the hardest order, as for a while
+    hers are the only records there are)."""
+    from swarmhub.worker import swarm_access
+
+    mallory = {"Authorization": f"Bearer {signup(url, 'mallory')}"}
+    identity = tmp / "mallory.key"
+    public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes().decode()
+    deadline = time.monotonic() + 120
+    while True:  # as the CLI does: a 503 while the swarm starts says when to try again
+        joined = httpx.post(
+            f"{url}/api/experiments/{SLUG}/join", headers=mallory, json={"peer_public_key": public_key}, timeout=60
+        )
+        if joined.status_code != 503 or time.monotonic() > deadline:
+            break
+        time.sleep(float(joined.headers.get("Retry-After", "3")))
+    assert joined.status_code == 200, joined.text
+    (tmp / "mallory.json").write_text(joined.text)
+    forger = subprocess.Popen(
+        [sys.executable, "-c", FORGER, str(tmp / "mallory.json"), str(identity), str(seconds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert forger.stdout is not None
+    first = forger.stdout.readline()
+    assert first.startswith('{"first"'), (first, forger.stderr.read()[-3000:] if forger.poll() else "")
+    time.sleep(5.0)  # a few more, ratcheting
+    return forger
+
+
+def forged(forger: subprocess.Popen[str]) -> int:
+    """Wait for the forger; how many records it stored."""
+    rest, errors = forger.communicate(timeout=180)
+    assert forger.returncode == 0, errors[-3000:]
+    return int(json.loads(rest.splitlines()[-1])["published"])
+
+
 def test_forged_records_earn_nothing_and_flagged_volunteers_are_removed(tmp_path):
     with running_server(tmp_path) as (url, _):
         organizer = {"Authorization": f"Bearer {signup(url, 'organizer')}"}
         start_open_digits(url, organizer, auto_remove_flags=1)
 
-        # mallory: a valid account and a valid token for her own key, through the public API. She forges before
-        # any volunteer is in the swarm (the hardest order: for a while hers are the only records there are).
-        from swarmhub.worker import swarm_access
-
-        mallory = {"Authorization": f"Bearer {signup(url, 'mallory')}"}
-        identity = tmp_path / "mallory.key"
-        public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes().decode()
-        deadline = time.monotonic() + 120
-        while True:  # as the CLI does: a 503 while the swarm starts says when to try again
-            joined = httpx.post(
-                f"{url}/api/experiments/{SLUG}/join", headers=mallory, json={"peer_public_key": public_key}, timeout=60
-            )
-            if joined.status_code != 503 or time.monotonic() > deadline:
-                break
-            time.sleep(float(joined.headers.get("Retry-After", "3")))
-        assert joined.status_code == 200, joined.text
-        (tmp_path / "mallory.json").write_text(joined.text)
-        forger = subprocess.Popen(
-            [sys.executable, "-c", FORGER, str(tmp_path / "mallory.json"), str(identity), "60"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert forger.stdout is not None
-        first = forger.stdout.readline()  # her first record is in the swarm
-        assert first.startswith('{"first"'), (first, forger.stderr.read()[-3000:] if forger.poll() else "")
-        time.sleep(5.0)  # and a few more, ratcheting
+        forger = start_forger(url, tmp_path, seconds=60)
         workers = start_volunteers(url, tmp_path, ("ada", None), ("nina", NAN_WORKER))
-        rest, errors = forger.communicate(timeout=180)
-        assert forger.returncode == 0, errors[-3000:]
-        # once a second for 60 s: at least half of them stored, on a busy machine
-        assert json.loads(rest.splitlines()[-1])["published"] >= 30
+        assert forged(forger) >= 30  # once a second for 60 s: at least half of them stored, on a busy machine
 
         seen_children, outputs = wait_volunteers(workers, tmp_path)
         token = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
@@ -248,4 +259,25 @@ def test_a_huge_claimed_weight_earns_no_more_than_the_honest_peer_and_is_flagged
     flagged = "refused data" in " ".join(rows["vera"]["flags"])
     assert flagged or rows["vera"]["samples"] == 0, board
     assert not any("refused data" in flag for flag in rows["ada"]["flags"]), board
+    assert outlived(seen_children) == set()
+
+
+def test_a_forger_first_in_a_swarm_without_the_witness_stalls_no_one_for_long(tmp_path):
+    """The organizer turned the server's witness off (``aux_peer: false``): no record of the hub bounds the epochs
+    volunteers follow, and a newcomer follows the other accounts' records. mallory forges from before anyone joins;
+    ada and bob (the real CLI) find no state at her epoch, leave her records out, and train together."""
+    with running_server(tmp_path) as (url, _):
+        organizer = {"Authorization": f"Bearer {signup(url, 'organizer')}"}
+        start_open_digits(url, organizer, aux_peer=False)
+        forger = start_forger(url, tmp_path, seconds=60)
+        workers = start_volunteers(url, tmp_path, ("ada", None), ("bob", None))
+        assert forged(forger) >= 30
+        seen_children, outputs = wait_volunteers(workers, tmp_path)
+    logs = {name: (tmp_path / name / "logs" / f"{SLUG}.log").read_text(errors="replace") for name in ("ada", "bob")}
+    # they followed her records (hers were the only other account's), found no state at her epoch and left them out
+    assert any("found no state at the epoch" in log for log in logs.values()), outputs
+    for name in ("ada", "bob"):
+        done = re.search(r"Done: [\d,]+ steps, [\d,]+ samples contributed, swarm epoch (\d+)", outputs[name])
+        assert done, outputs[name][-3000:]
+        assert int(done.group(1)) >= 10, outputs[name][-3000:]
     assert outlived(seen_children) == set()
