@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.client import backoff
 from websockets.client import process_exception as default_process_exception
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 
@@ -35,6 +36,9 @@ from .spool import Spool
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUFFER = 10_000
+# The longest wait between two attempts to reach the server, before jitter: after a failed connection (websockets'
+# exponential backoff) and after connections that ended without an acknowledgement (this module's own).
+MAX_BACKOFF_SECONDS = 30.0
 # The server closes a socket that sends more than 50 messages a second: a backlog re-sent after an outage
 # goes out at this pace (training itself reports about once every 2 s).
 MAX_SENDS_PER_SECOND = 20
@@ -94,10 +98,12 @@ class Reporter:
         max_buffer: int = DEFAULT_BUFFER,
         open_timeout: float = 10.0,
         spool: Spool | None = None,
+        max_backoff: float = MAX_BACKOFF_SECONDS,
     ):
         self.url = url
         self._headers = {"Authorization": f"Bearer {token}"}
         self._open_timeout = open_timeout
+        self._max_backoff = max_backoff  # the longest wait between two connection attempts (before jitter)
         self._lock = threading.Lock()
         self._buffer: deque[tuple[int, str]] = deque(maxlen=max_buffer)  # (seq, json), unacked, in order
         self._dropped = 0
@@ -240,6 +246,7 @@ class Reporter:
                 open_timeout=self._open_timeout,
                 process_exception=_process_exception,
                 max_size=2**20,
+                reconnect_delays=lambda: backoff(max_delay=self._max_backoff),
             ):
                 self._connected = True
                 self._acked = False
@@ -255,7 +262,7 @@ class Reporter:
                 # A connection the server acknowledged on was healthy: the backoff starts over, so that a worker
                 # whose network drops now and then reconnects within seconds however long it has run.
                 drops = 1 if self._acked else drops + 1
-                await asyncio.sleep(min(2.0**drops, 30.0) * random.uniform(0.5, 1.5))
+                await asyncio.sleep(min(2.0**drops, self._max_backoff) * random.uniform(0.5, 1.5))
         except (InvalidStatus, InvalidURI) as exc:
             logger.warning("metric reporting stopped: %s", exc)
             self._fatal = _fatal_from(exc, self.url)
