@@ -99,10 +99,11 @@ class Witness:
         An honest peer reaches an epoch by completing rounds, which this peer takes part in, while a peer that only
         publishes records never becomes a partner.
 
-        Without a partner, the epoch the last rounds showed (0 before any): a record alone is no evidence. An
-        out-of-sync hivemind peer publishes no record at all, so a forger's can be the only one in the swarm, and
-        restating it would keep every newcomer out of sync, each downloading another's state, for as long as the
-        forger ratchets. The tracker's epoch without a roster."""
+        Without a partner, the lower median of all the other accounts' votes where two accounts or more vote (not
+        below the epoch the last rounds showed), else that epoch (0 before any round): one account's record alone
+        is no evidence. An out-of-sync hivemind peer publishes no record at all, so a forger's can be the only one
+        in the swarm, and restating it would keep every newcomer out of sync, each downloading another's state, for
+        as long as the forger ratchets. The tracker's epoch without a roster."""
         from .swarm_epoch import median_vote, owner_peer_id, progress_entries
 
         if self.roster is None:
@@ -114,9 +115,15 @@ class Witness:
         partners = robust.partners()
         # a client-mode partner's epoch is evidenced by its rounds as well as anyone's
         with_partners = [(name, epoch) for subkey, name, epoch, _ in entries if owner_peer_id(subkey) in partners]
-        median = median_vote(with_partners, swarm_access.SERVER_PEER_USERNAME)
+        server = swarm_access.SERVER_PEER_USERNAME
+        median = median_vote(with_partners, server)
         if median is not None:
             self._evidenced = median
+            return median
+        votes = [(name, epoch) for _, name, epoch, client in entries if not client]
+        if len({name for name, _ in votes if name not in (None, server)}) >= 2:
+            # before any round: the lower median of two accounts or more never is one forger's alone
+            return max(self._evidenced, median_vote(votes, server) or 0)
         return self._evidenced
 
     def publish(self, epoch: int) -> None:
