@@ -17,7 +17,7 @@ from .support import report, worker_run
 
 async def next_update(url: str, trigger, timeout: float) -> dict | None:
     """Connect a dashboard to ``url``, run ``trigger``, return the first snapshot after the initial one."""
-    async with websockets.connect(url) as viewer:
+    async with websockets.connect(url, open_timeout=60) as viewer:  # a handshake on a loaded machine can take >10 s
         json.loads(await asyncio.wait_for(viewer.recv(), 10))  # the snapshot on connect
         await asyncio.get_running_loop().run_in_executor(None, trigger)
         try:
@@ -26,7 +26,7 @@ async def next_update(url: str, trigger, timeout: float) -> dict | None:
             return None
 
 
-def run_case(settings, client, db, redis_url: str) -> dict | None:
+def run_case(settings, client, db, redis_url: str, wait: float) -> dict | None:
     alice = make_user(db)
     make_experiment(db, alice, slug="shared", status="running")
     headers, worker_id = api_token(client), worker_run(db, alice, "shared")
@@ -40,20 +40,20 @@ def run_case(settings, client, db, redis_url: str) -> dict | None:
             from websockets.sync.client import connect
 
             url = f"ws://127.0.0.1:{server_a.port}/ws/experiments/shared/report?worker_id={worker_id}"
-            with connect(url, additional_headers=headers) as ws:
+            with connect(url, additional_headers=headers, open_timeout=60) as ws:
                 ws.send(report(0, samples=4242))
                 assert json.loads(ws.recv())["type"] == "ack"
 
         return asyncio.run(
-            next_update(f"ws://127.0.0.1:{server_b.port}/ws/experiments/shared/live", worker_reports_to_a, 5.0)
+            next_update(f"ws://127.0.0.1:{server_b.port}/ws/experiments/shared/live", worker_reports_to_a, wait)
         )
 
 
 def test_dashboards_on_another_server_get_the_update_through_redis(settings, client, db):
-    update = run_case(settings, client, db, "redis://127.0.0.1:6379/0")
+    update = run_case(settings, client, db, "redis://127.0.0.1:6379/0", wait=30.0)
     assert update is not None, "the dashboard on the other server never heard of the report"
     assert update["metrics"]["summary"]["total_samples"] == 4242
 
 
 def test_without_redis_each_server_is_alone(settings, client, db):
-    assert run_case(settings, client, db, "") is None
+    assert run_case(settings, client, db, "", wait=5.0) is None  # the other server stays silent

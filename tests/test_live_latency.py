@@ -23,8 +23,8 @@ async def watch(port: int, headers: dict[str, str], worker_id: str) -> list[tupl
     base = f"ws://127.0.0.1:{port}/ws/experiments/quiet"
     pushes: list[tuple[float, int]] = []
     async with (
-        websockets.connect(f"{base}/live") as viewer,
-        websockets.connect(f"{base}/report?worker_id={worker_id}", additional_headers=headers) as worker,
+        websockets.connect(f"{base}/live", open_timeout=60) as viewer,  # the handshake is not what is timed
+        websockets.connect(f"{base}/report?worker_id={worker_id}", additional_headers=headers, open_timeout=60) as worker,
     ):
         json.loads(await asyncio.wait_for(viewer.recv(), 10))  # the snapshot on connect
         start = loop.time()

@@ -36,7 +36,7 @@ def send_reports(server: LiveServer, username: str, slug: str, count: int) -> No
     headers = {"Authorization": f"Bearer {token.json()['access_token']}"}
     worker_id = worker_run(db, user, slug)
     address = f"{server.url.replace('http', 'ws', 1)}/ws/experiments/{slug}/report?worker_id={worker_id}"
-    with connect(address, additional_headers=headers) as ws:
+    with connect(address, additional_headers=headers, open_timeout=60) as ws:
         for seq in range(count):
             ws.send(report(seq, samples=32 * (seq + 1)))
             assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "seq": seq}

@@ -42,7 +42,7 @@ def claimed(tmp_path):
             worker_id = experiments.start_worker_run(session, experiment, mallory, "cpu").id
         token = server_token(server.url, "mallory")
         url = f"ws://127.0.0.1:{server.port}/ws/experiments/open/report?worker_id={worker_id}"
-        with connect(url, additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+        with connect(url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=60) as ws:
             ws.send(
                 MetricReport(
                     seq=0, step=1, epoch=0, samples=1_000_000, loss=2.0, samples_per_second=100.0, peers=2
