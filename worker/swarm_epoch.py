@@ -277,10 +277,13 @@ def make_tracker_class() -> type:
             step, downloading other newcomers' states, for as long as it is followed; and hivemind publishes no
             record for an out-of-sync peer, so a forger's can be the only ones there are. An honest peer's records
             come back after the pause. The peers left out."""
-            until = time.monotonic() + UNBACKED_SECONDS
+            now = time.monotonic()
             ahead = [peer for peer, epoch in self.kept_epochs.items() if epoch > own_epoch + 1]
-            for peer in ahead:
-                self._unbacked[peer] = until
+            # the only writer: the pauses that ran out are forgotten here, and one new dict replaces the old
+            self._unbacked = {
+                **{peer: until for peer, until in self._unbacked.items() if until > now},
+                **dict.fromkeys(ahead, now + UNBACKED_SECONDS),
+            }
             return ahead
 
         def _parse_swarm_progress_data(self, metadata: Any) -> Any:
