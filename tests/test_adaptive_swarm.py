@@ -180,7 +180,7 @@ def test_a_late_joiner_loads_the_state_and_a_killed_peer_stalls_no_one_for_long(
         killed_at = time.time()
         os.killpg(victim.pid, signal.SIGKILL)  # hivemind's children of the victim, so that none outlives the test
         times = []
-        while time.time() - killed_at < 45:
+        while time.time() - killed_at < 30:  # long enough for rounds that need the dead peer to time out
             event = workers.wait_for("a", lambda e: e["event"] == "progress", timeout=60)
             times.append(event["t"])
         after = workers.wait_for("a", lambda e: e["event"] == "progress" and e["averaged_peers"] >= 2, timeout=60)

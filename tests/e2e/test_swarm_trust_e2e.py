@@ -132,13 +132,13 @@ def start_open_digits(url: str, organizer: dict[str, str], **settings: Any) -> N
 
 
 def start_volunteers(url: str, tmp: Path, *volunteers: tuple[str, str | None]) -> list[tuple[str, Any, Any]]:
-    """Each (name, script) signs up and runs `swarmhub join` for 1.5 min: the real CLI, or ``script`` (a patched
+    """Each (name, script) signs up and runs `swarmhub join` for a minute: the real CLI, or ``script`` (a patched
     worker that calls it)."""
     workers = []
     for name, script in volunteers:
         env = volunteer_env(tmp, name, url, signup(url, name))
         out = open(tmp / f"{name}.out", "wb")  # noqa: SIM115 - closed by wait_volunteers
-        command = ["join", SLUG, "--max-minutes", "1.5", "--listen", "/ip4/127.0.0.1/tcp/0"]
+        command = ["join", SLUG, "--max-minutes", "1.0", "--listen", "/ip4/127.0.0.1/tcp/0"]
         argv = [sys.executable, "-c", script, *command] if script else [*SWARMHUB, *command]
         workers.append((name, out, subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)))
     return workers
