@@ -31,6 +31,7 @@ POSTGRES_URL = os.environ.get(
     "SWARMHUB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/swarmhub_test"
 )
 PASSWORD = "correct-horse-battery"
+_CPU_AT_START = pytest.StashKey[float]()
 DOCSTRING_BYTES = 150_000  # of the standard library's docstrings: real text, bounded for speed
 
 
@@ -74,6 +75,28 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "both_databases: behaviour can differ between SQLite and PostgreSQL: run on both"
     )
+
+
+def _cpu_seconds() -> float:
+    """User and system CPU time of this process and of the processes it has waited for (they include theirs)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    item.stash[_CPU_AT_START] = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Each test's CPU seconds (set-up, call and tear-down) as the JUnit property ``cpu_seconds``, which
+    ``tests/lanes.py`` ranks: on 2 cores the two lanes share the CPU, so what a test burns slows the other lane too.
+    A lower bound: a process the test did not wait for (a daemon its peers started) is not counted."""
+    if call.when == "teardown" and _CPU_AT_START in item.stash:
+        item.user_properties.append(("cpu_seconds", f"{_cpu_seconds() - item.stash[_CPU_AT_START]:.1f}"))
+    yield
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -9,7 +9,8 @@
   pytest process. They mostly wait on the database, a socket, a peer or the browser.
 
 The processes lane's output streams as it goes; the other lane's is printed whole when it ends. Last come the
-ten slowest tests of both lanes, each lane's time, and the exit status: the first failing lane's, else 0.
+ten slowest tests of both lanes, the ten that used the most CPU, each lane's time and CPU, and the exit status: the
+first failing lane's, else 0.
 
     python -m tests.lanes [PYTEST ARGS...]    # arguments are passed to both lanes (for example -x or -k NAME)
 """
@@ -60,16 +61,28 @@ class Lane:
         return status
 
 
-def slowest(lanes: list[Lane], count: int = 10) -> list[tuple[float, str, str]]:
-    """The ``count`` slowest tests of both lanes (set-up, call and tear-down together), from their JUnit files."""
+def cases(lanes: list[Lane]) -> list[tuple[float, float, str, str]]:
+    """(seconds, CPU seconds, test, lane) of every test of ``lanes``, set-up, call and tear-down together, from their
+    JUnit files (the CPU seconds from the ``cpu_seconds`` property that tests/conftest.py records)."""
     found = []
     for lane in lanes:
         if not lane.junit.exists():
             continue
         for case in ET.parse(lane.junit).getroot().iter("testcase"):
             name = f"{case.get('classname', '')}::{case.get('name', '')}"
-            found.append((float(case.get("time") or 0), name, lane.name))
-    return sorted(found, reverse=True)[:count]
+            cpu = [float(p.get("value") or 0) for p in case.iter("property") if p.get("name") == "cpu_seconds"]
+            found.append((float(case.get("time") or 0), sum(cpu), name, lane.name))
+    return found
+
+
+def slowest(lanes: list[Lane], count: int = 10) -> list[tuple[float, str, str]]:
+    """The ``count`` slowest tests of both lanes."""
+    return sorted(((seconds, name, lane) for seconds, _, name, lane in cases(lanes)), reverse=True)[:count]
+
+
+def busiest(lanes: list[Lane], count: int = 10) -> list[tuple[float, str, str]]:
+    """The ``count`` tests of both lanes that used the most CPU."""
+    return sorted(((cpu, name, lane) for _, cpu, name, lane in cases(lanes)), reverse=True)[:count]
 
 
 def main(args: list[str]) -> int:
@@ -110,8 +123,15 @@ def main(args: list[str]) -> int:
     print("\n===== the ten slowest tests of both lanes (set-up, call and tear-down) =====")
     for seconds, name, lane in slowest([processes, rest]):
         print(f"{seconds:8.1f} s  {name}  [{lane}]")
+    print("===== the ten tests of both lanes that used the most CPU (the lanes share 2 cores on the CI machine) =====")
+    for cpu, name, lane in busiest([processes, rest]):
+        print(f"{cpu:8.1f} CPU s  {name}  [{lane}]")
     for lane in (processes, rest):
-        print(f"lane '{lane.name}': {lane.ended - lane.started:.0f} s, pytest exit status {statuses[lane.name]}")
+        cpu = sum(cpu for _, cpu, _, _ in cases([lane]))
+        print(
+            f"lane '{lane.name}': {lane.ended - lane.started:.0f} s, {cpu:.0f} CPU s in its tests, "
+            f"pytest exit status {statuses[lane.name]}"
+        )
     print(f"the suite: {time.monotonic() - began:.0f} s of wall-clock time", flush=True)
     failed = [status for status in statuses.values() if status not in (0, NO_TESTS)]
     if all(status == NO_TESTS for status in statuses.values()):

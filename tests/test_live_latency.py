@@ -24,7 +24,9 @@ async def watch(port: int, headers: dict[str, str], worker_id: str) -> list[tupl
     pushes: list[tuple[float, int]] = []
     async with (
         websockets.connect(f"{base}/live", open_timeout=60) as viewer,  # the handshake is not what is timed
-        websockets.connect(f"{base}/report?worker_id={worker_id}", additional_headers=headers, open_timeout=60) as worker,
+        websockets.connect(
+            f"{base}/report?worker_id={worker_id}", additional_headers=headers, open_timeout=60
+        ) as worker,
     ):
         json.loads(await asyncio.wait_for(viewer.recv(), 10))  # the snapshot on connect
         start = loop.time()
