@@ -33,6 +33,8 @@ from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 
 from . import swarm_tokens
+from .deny_list import DENY_POLL_SECONDS as DENY_POLL_SECONDS
+from .deny_list import DenyList as DenyList
 from .swarm_tokens import REFRESH_MARGIN as REFRESH_MARGIN
 from .swarm_tokens import SERVER_PEER_USERNAME as SERVER_PEER_USERNAME
 from .swarm_tokens import TOKEN_VERSION as TOKEN_VERSION
@@ -111,49 +113,6 @@ def use_as_process_key(key: RSAPrivateKey) -> None:
     """hivemind signs DHT records (the swarm's progress records among them) with its process-wide key:
     make that the peer's identity key, so that what it publishes is attributable to its token."""
     RSAPrivateKey._process_wide_key = key
-
-
-DENY_POLL_SECONDS = 5.0  # with the roster cache this bounds how long a banned volunteer is still served
-
-
-class DenyList:
-    """Usernames the organizer removed from the experiment, refreshed in the background.
-
-    ``source`` returns the current set (the worker asks the server; the server's peer reads a file the server
-    keeps). hivemind runs authorizers and averagers in forked processes, so each process that consults the
-    list starts its own polling thread on first use; lookups never block on the network.
-    """
-
-    def __init__(self, source: Callable[[], set[str]] | None = None, interval: float = DENY_POLL_SECONDS):
-        self._source = source
-        self._interval = interval
-        self._denied: frozenset[str] = frozenset()
-        self._pid: int | None = None
-
-    def _poll(self) -> None:
-        import time
-
-        while True:
-            try:
-                self._denied = frozenset(self._source() if self._source else ())
-            except Exception as exc:  # keep the last known list while the source is unreachable
-                logger.warning("could not refresh the deny-list: %s", getattr(exc, "message", exc))
-            time.sleep(self._interval)
-
-    def __contains__(self, username: object) -> bool:
-        if self._source is not None and self._pid != os.getpid():
-            import threading
-
-            self._pid = os.getpid()
-            self._denied = frozenset(self._safe_first_read())
-            threading.Thread(target=self._poll, daemon=True, name="swarmhub-denylist").start()
-        return username in self._denied
-
-    def _safe_first_read(self) -> set[str]:
-        try:
-            return set(self._source()) if self._source else set()
-        except Exception:
-            return set(self._denied)
 
 
 class SwarmAuthorizer(TokenAuthorizerBase):
