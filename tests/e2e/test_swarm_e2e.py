@@ -15,6 +15,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from swarmhub.worker import swarm_access
+
 from ..conftest import PASSWORD
 from ..processes import (
     DIGITS_SLUG as SLUG,
@@ -88,6 +90,7 @@ def test_two_volunteers_train_together_over_several_token_lifetimes(tmp_path):
         start_experiment(url)
         started = time.time()
         seen_children = run_volunteers(url, tmp_path, ["--max-minutes", "1.0"])
+        ran = time.time() - started
 
         # Both averaged with each other over at least three swarm epochs, and still did after two token lifetimes.
         rows = averaged_epochs(tmp_path)
@@ -119,6 +122,11 @@ def test_two_volunteers_train_together_over_several_token_lifetimes(tmp_path):
         assert [p["t"] for p in series] == sorted({p["t"] for p in series})
         assert series[-1]["loss"] < series[0]["loss"]
         assert all(p["peers"] >= 1 for p in series)
+
+        # Each worker asked for the deny list about once per DENY_POLL_SECONDS, not once per process it runs (its
+        # DHT and averagers look the list up on every request; they read what its main process fetched).
+        asked = (tmp_path / "server.log").read_text().count(f"GET /api/experiments/{SLUG}/denylist ")
+        assert 0 < asked <= 2 * (ran / swarm_access.DENY_POLL_SECONDS + 3), (asked, ran)
 
         # Nothing the workers started outlives them; the server's swarm peer goes with the server.
         assert seen_children, "the workers should have started hivemind helper processes"
