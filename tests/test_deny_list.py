@@ -48,13 +48,16 @@ def forked_watchers(denied: DenyList, name: str, count: int, timeout: float) -> 
 def test_forked_processes_see_a_removal_while_only_the_owner_asks_the_source(tmp_path):
     read, names, calls = file_source(tmp_path)
     denied = DenyList(read, interval=INTERVAL)
-    assert "mallory" not in denied
-    watchers, seen = forked_watchers(denied, "mallory", count=3, timeout=10)
-    time.sleep(1.0)  # the forked processes look up the list meanwhile, as averagers do for every caller
-    names.write_text("mallory\n")
-    removed_at = time.monotonic()
-    for watcher in watchers:
-        watcher.join(15)
+    try:
+        assert "mallory" not in denied
+        watchers, seen = forked_watchers(denied, "mallory", count=3, timeout=10)
+        time.sleep(1.0)  # the forked processes look up the list meanwhile, as averagers do for every caller
+        names.write_text("mallory\n")
+        removed_at = time.monotonic()
+        for watcher in watchers:
+            watcher.join(15)
+    finally:
+        denied.close()
     assert all(s.value > 0 for s in seen), "a forked process never saw the removal"
     # within the owner's interval, plus the lookups' own pace
     assert max(s.value for s in seen) - removed_at < INTERVAL + 1.0, [s.value - removed_at for s in seen]
@@ -69,15 +72,18 @@ def test_a_list_too_long_to_share_is_asked_for_by_each_process(tmp_path, monkeyp
     read, names, calls = file_source(tmp_path)
     names.write_text(" ".join(f"volunteer-{i}" for i in range(20)))  # over 64 bytes as JSON
     denied = DenyList(read, interval=INTERVAL)
-    assert "volunteer-3" in denied
-    watchers, seen = forked_watchers(denied, "volunteer-7", count=2, timeout=10)
-    for watcher in watchers:
-        watcher.join(15)
-    assert all(s.value > 0 for s in seen)
-    names.write_text(names.read_text() + " mallory")
-    watchers, seen = forked_watchers(denied, "mallory", count=2, timeout=10)
-    for watcher in watchers:
-        watcher.join(15)
+    try:
+        assert "volunteer-3" in denied
+        watchers, seen = forked_watchers(denied, "volunteer-7", count=2, timeout=10)
+        for watcher in watchers:
+            watcher.join(15)
+        assert all(s.value > 0 for s in seen)
+        names.write_text(names.read_text() + " mallory")
+        watchers, seen = forked_watchers(denied, "mallory", count=2, timeout=10)
+        for watcher in watchers:
+            watcher.join(15)
+    finally:
+        denied.close()
     assert all(s.value > 0 for s in seen), "a forked process missed a removal in a long list"
     assert len(set(calls.read_text().split())) > 1  # the forked processes asked on their own
 

@@ -14,7 +14,6 @@ import logging
 import multiprocessing
 import os
 import threading
-import time
 from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
@@ -37,12 +36,14 @@ class DenyList:
         self._owner = os.getpid()
         self._pid: int | None = None  # the process whose own polling thread runs (a fallback in a forked child)
         self._seen = -1
+        self._stop = threading.Event()
         if source is None:
             return
         context = multiprocessing.get_context("fork")
         self._sequence = context.RawValue("q", 0)
         self._length = context.RawValue("q", -1)  # -1: no list yet; -2: too long to share
-        self._buffer = context.RawArray("c", SHARED_BYTES)
+        self._capacity = SHARED_BYTES
+        self._buffer = context.RawArray("c", self._capacity)
         self._denied = frozenset(self._safe_read())
         self._share(self._denied)
         self._pid = self._owner
@@ -55,9 +56,12 @@ class DenyList:
             logger.warning("could not refresh the deny-list: %s", getattr(exc, "message", exc))
             return set(self._denied)
 
+    def close(self) -> None:
+        """Stop polling (in this process; a peer's list otherwise polls for as long as the process lives)."""
+        self._stop.set()
+
     def _poll(self) -> None:
-        while True:
-            time.sleep(self._interval)
+        while not self._stop.wait(self._interval):
             self._denied = frozenset(self._safe_read())
             if os.getpid() == self._owner:
                 self._share(self._denied)
@@ -65,7 +69,7 @@ class DenyList:
     def _share(self, names: frozenset[str]) -> None:
         data = json.dumps(sorted(names)).encode()
         self._sequence.value += 1  # odd: readers keep what they had
-        if len(data) <= SHARED_BYTES:
+        if len(data) <= self._capacity:
             self._buffer[: len(data)] = data
             self._length.value = len(data)
         else:
