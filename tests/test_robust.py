@@ -31,15 +31,17 @@ def reduce(
     aggregation: str,
     max_weight: float = math.inf,
     state_round: bool = False,
+    own_id: str | None = None,
 ):
     """One slice through the guarded reducer, every sender concurrently, as hivemind's all-reduce calls it (a
-    gradient round, or with ``state_round`` a round of the state averager, which the runner marks so)."""
+    gradient round, or with ``state_round`` a round of the state averager, which the runner marks so), in the
+    process of the peer ``own_id`` (one of the senders, ``peer-I``, or none of them)."""
     robust.POLICY.aggregation, robust.POLICY.max_weight = aggregation, max_weight
     reducer_class = robust.make_reducer_class()
 
     async def run() -> list[torch.Tensor]:  # made in the loop, as hivemind's all-reduce makes it
         senders = [f"peer-{i}" for i in range(len(parts))]
-        reducer = reducer_class([parts[0].shape], len(parts), senders, "state" if state_round else None)
+        reducer = reducer_class([parts[0].shape], len(parts), senders, "state" if state_round else None, own_id)
         REDUCERS.append(reducer)
         calls = [reducer.accumulate_part(i, 0, part, weight=w) for i, (part, w) in enumerate(zip(parts, weights))]
         return await asyncio.gather(*calls)
@@ -208,6 +210,22 @@ def test_a_part_of_an_honest_norm_that_keeps_pointing_elsewhere_loses_its_say_af
     if attack == "sign-flip":  # one flag per round from its STANDING_EARLY_PARTS-th part on
         expected = aggregation.STANDING_MIN_PARTS + 4 - aggregation.STANDING_EARLY_PARTS + 1
         assert flags["peer-3"][robust.DISSENT_REASON] == expected, flags
+
+
+def test_a_reducer_leaves_out_its_own_stray_part_but_never_flags_its_own_peer():
+    """An honest peer's reducer screens every sender's part the same way, its own included (a noisy part of its own
+    can stand apart from the others'), but a flag is evidence against another peer for the organizer: in a full
+    run, an honest volunteer's reducer had flagged its own peer twice."""
+    robust.take_flags()
+    generator = torch.Generator().manual_seed(5)
+    screened = []
+    for _ in range(aggregation.STANDING_MIN_PARTS + 4):
+        parts = noisy_round(generator, noise=1.3)
+        parts[3] = -parts[3]  # a part of its own that points away from the others', as a sign-flip's does
+        reduce(parts, [1.0] * 4, "centered-clip", own_id="peer-3")
+        screened.append(robust.STANDING.left_out == ["peer-3"])
+    assert screened[-1], screened  # left out of the reduction like any sender's
+    assert robust.take_flags() == {}  # and never flagged by its own reducer
 
 
 def test_honest_senders_keep_their_say_whether_fast_slow_or_noisy():

@@ -118,8 +118,10 @@ def make_reducer_class() -> type:
             num_senders: int,
             sender_ids: Sequence[str] = (),
             aggregation: str | None = None,
+            own_id: str | None = None,
         ):
             self.sender_ids = list(sender_ids)
+            self.own_id = own_id  # this peer's own part can be left out like any other, never flagged
             self.aggregation = aggregation  # None: the experiment's (POLICY.aggregation), read when combining
             self.claimed = [0.0] * num_senders  # the largest weight each sender claimed in this round
             self.dropped: set[int] = set()
@@ -194,7 +196,7 @@ def make_reducer_class() -> type:
                 return
             self.dissented.add(sender_index)
             logger.warning("left out %s's part: its gradients stand apart from the swarm's", who)
-            if STANDING.score[who] < 0 and STANDING.seen[who] >= STANDING_EARLY_PARTS:
+            if who != self.own_id and STANDING.score[who] < 0 and STANDING.seen[who] >= STANDING_EARLY_PARTS:
                 flag(who, DISSENT_REASON)
 
         def check_current_part_finished(self) -> None:
@@ -236,7 +238,7 @@ def make_runner_class() -> type:
             # gradients are combined the experiment's way; the state averager's rounds (parameters) by state_parts
             gradients = (self._prefix or "").endswith("_grad_averager")
             self.tensor_part_reducer = reducer_class(
-                shapes, len(self.sender_peer_ids), senders, None if gradients else "state"
+                shapes, len(self.sender_peer_ids), senders, None if gradients else "state", self.peer_id.to_base58()
             )
             container = self.tensor_part_container
             register = container.register_processed_part
