@@ -75,16 +75,6 @@ def cases(lanes: list[Lane]) -> list[tuple[float, float, str, str]]:
     return found
 
 
-def slowest(lanes: list[Lane], count: int = 10) -> list[tuple[float, str, str]]:
-    """The ``count`` slowest tests of both lanes."""
-    return sorted(((seconds, name, lane) for seconds, _, name, lane in cases(lanes)), reverse=True)[:count]
-
-
-def busiest(lanes: list[Lane], count: int = 10) -> list[tuple[float, str, str]]:
-    """The ``count`` tests of both lanes that used the most CPU."""
-    return sorted(((cpu, name, lane) for _, cpu, name, lane in cases(lanes)), reverse=True)[:count]
-
-
 def main(args: list[str]) -> int:
     folder = Path(os.environ.get("SWARMHUB_TEST_LANES_DIR") or tempfile.mkdtemp(prefix="swarmhub-lanes-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -120,14 +110,15 @@ def main(args: list[str]) -> int:
     if not printed_rest:
         print_rest()
 
+    found = cases([processes, rest])  # each JUnit file parsed once
     print("\n===== the ten slowest tests of both lanes (set-up, call and tear-down) =====")
-    for seconds, name, lane in slowest([processes, rest]):
-        print(f"{seconds:8.1f} s  {name}  [{lane}]")
+    for seconds, _, name, lane_name in sorted(found, reverse=True)[:10]:
+        print(f"{seconds:8.1f} s  {name}  [{lane_name}]")
     print("===== the ten tests of both lanes that used the most CPU (the lanes share 2 cores on the CI machine) =====")
-    for cpu, name, lane in busiest([processes, rest]):
-        print(f"{cpu:8.1f} CPU s  {name}  [{lane}]")
+    for seconds, cpu, name, lane_name in sorted(found, key=lambda case: case[1], reverse=True)[:10]:
+        print(f"{cpu:8.1f} CPU s  {name}  [{lane_name}]")
     for lane in (processes, rest):
-        cpu = sum(cpu for _, cpu, _, _ in cases([lane]))
+        cpu = sum(case[1] for case in found if case[3] == lane.name)
         print(
             f"lane '{lane.name}': {lane.ended - lane.started:.0f} s, {cpu:.0f} CPU s in its tests, "
             f"pytest exit status {statuses[lane.name]}"
