@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from . import load_balancing, robust, swarm_access, witness
+from . import load_balancing, matchmaking, robust, swarm_access, witness
 from .client import ExitCode, WorkerError
 from .optim import Lamb
 from .peer_access import _Access
@@ -280,6 +280,7 @@ def train(
                 on_joined(str(dht.peer_id), maddrs)
             swarm_access.guard_averaging(access.experiment_key, join.run_id, deny_list)
             load_balancing.install()  # every reachable peer gets a part of the vector to reduce
+            matchmaking.install()  # a peer looking for a group asks the DHT who else is, at a bounded rate
             # what this peer accepts from the others: averaged parts, the swarm's epoch, downloaded state
             robust.install(
                 cfg.aggregation.value,

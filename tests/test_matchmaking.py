@@ -1,0 +1,116 @@
+"""A peer looking for an averaging group asks the DHT at a bounded rate who else looks, and still finds its group."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+import torch
+
+from swarmhub.worker import matchmaking
+
+pytestmark = pytest.mark.swarm
+
+SEARCH_SECONDS = 3.0
+
+
+def _lookups_of_a_lone_search(dht: object, paced: bool) -> int:
+    """Search for a group alone for SEARCH_SECONDS, as hivemind's matchmaking does, and count the DHT lookups of the
+    group key (counted under the pacing, if any)."""
+    from hivemind.averaging.control import StepControl
+    from hivemind.averaging.key_manager import GroupKeyManager
+    from hivemind.averaging.matchmaking import PotentialLeaders
+    from hivemind.utils import MPFuture, get_dht_time
+
+    counted = GroupKeyManager.get_averagers
+    calls = 0
+
+    async def counting(self: GroupKeyManager, group_key: str, only_active: bool) -> object:
+        nonlocal calls
+        calls += 1
+        return await counted(self, group_key, only_active)
+
+    GroupKeyManager.get_averagers = counting  # type: ignore[method-assign]
+    if paced:
+        matchmaking.install()
+    try:
+
+        async def search() -> None:
+            keys = GroupKeyManager(dht, "pace-test", "", target_group_size=None)  # type: ignore[arg-type]
+            leaders = PotentialLeaders(keys.peer_id, min_matchmaking_time=SEARCH_SECONDS, target_group_size=None)
+            now = get_dht_time()
+            step = StepControl(now, now + SEARCH_SECONDS, allow_retries=True, weight=1.0, data_for_gather=b"")
+            step.attach(MPFuture(), MPFuture())
+            step.allow_allreduce()  # a step that is let go (hivemind warns about one that is not)
+            async with leaders.begin_search(step, keys, declare=True):
+                deadline = time.monotonic() + SEARCH_SECONDS
+                while time.monotonic() < deadline:  # as Matchmaking does: no leader yet, so ask again
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(leaders.pop_next_leader(), max(0.0, deadline - time.monotonic()))
+
+        asyncio.run(search())
+    finally:
+        matchmaking.uninstall()
+        GroupKeyManager.get_averagers = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_peer_alone_in_its_search_asks_at_most_every_poll_interval() -> None:
+    """hivemind re-reads the group key back to back while no leader is there; paced, at most every POLL_SECONDS."""
+    import hivemind
+
+    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    dht = hivemind.DHT(
+        initial_peers=[str(m) for m in first.get_visible_maddrs()], host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True
+    )
+    try:
+        unpaced = _lookups_of_a_lone_search(dht, paced=False)
+        paced = _lookups_of_a_lone_search(dht, paced=True)
+    finally:
+        dht.shutdown()
+        first.shutdown()
+    assert paced <= SEARCH_SECONDS / matchmaking.POLL_SECONDS + 2, (paced, unpaced)
+    assert paced >= SEARCH_SECONDS / matchmaking.POLL_SECONDS / 3, (paced, unpaced)  # it still looks, all along
+    assert unpaced > paced, (paced, unpaced)  # hivemind alone: a lookup as soon as the last one answers
+
+
+def test_paced_averagers_still_form_their_group_and_average() -> None:
+    """Two real averagers (forked after ``install``) with the shortest matchmaking time an experiment may set."""
+    import hivemind
+
+    matchmaking.install()
+    try:
+        first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+        initial = [str(m) for m in first.get_visible_maddrs()]
+        dhts = [first, hivemind.DHT(initial_peers=initial, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)]
+        averagers = [
+            hivemind.averaging.DecentralizedAverager(
+                [torch.full((1000,), float(i))],
+                dht,
+                prefix="pace-average",
+                target_group_size=2,
+                min_group_size=2,
+                min_matchmaking_time=0.5,
+                request_timeout=0.4,
+                start=True,
+            )
+            for i, dht in enumerate(dhts)
+        ]
+    finally:
+        matchmaking.uninstall()
+    try:
+        started = time.monotonic()
+        controls = [a.step(wait=False, timeout=30, allow_retries=True) for a in averagers]
+        groups = [control.result(timeout=60) for control in controls]
+        assert all(group is not None and len(group) == 2 for group in groups)
+        assert time.monotonic() - started < 30
+        for a in averagers:
+            with a.get_tensors() as tensors:
+                assert torch.allclose(tensors[0], torch.full((1000,), 0.5))
+    finally:
+        for a in averagers:
+            a.shutdown()
+        for dht in dhts:
+            dht.shutdown()
