@@ -1,12 +1,13 @@
 """`make test`: the whole suite in two lanes that run at the same time.
 
-- **processes**: the tests marked ``solo`` run real peers that train for a while (the end-to-end runs but the
-  background service's, and the swarm tests that assert how far a swarm trains). They run one at a time, in one
-  pytest process: two training swarms side by side slow each other, and these tests' bounds on how far a swarm
-  trains assume it has the machine's spare cores.
+- **processes**: the tests marked ``solo`` run real peers that train for a while, for so many minutes or to so many
+  epochs (the end-to-end runs but the demo's and the background service's, and the swarm tests that assert how far
+  a swarm trains in its time). They run one at a time, in one pytest process: two training swarms side by side slow
+  each other, and these tests' bounds on how far a swarm trains assume it has the machine's spare cores.
 - **the rest**: database, HTTP, browser and unit tests, the short swarm tests (admission, leases, rogue requests,
-  state downloads, signals) and the background service's end-to-end run, which asserts no pace, in a second
-  pytest process. They mostly wait on the database, a socket, a peer or the browser.
+  state downloads, signals), the swarm tests that train a fixed number of steps and assert what those steps did
+  (averaged, with whom, the loss went down), and the demo's and the background service's end-to-end runs, which
+  assert no pace, in a second pytest process. They mostly wait on the database, a socket, a peer or the browser.
 
 The processes lane's output streams as it goes; the other lane's is printed whole when it ends. Last come the
 ten slowest tests of both lanes, the ten that used the most CPU, each lane's time and CPU, and the exit status: the

@@ -76,30 +76,34 @@ def test_a_peer_alone_in_its_search_asks_at_most_every_poll_interval() -> None:
     assert unpaced > paced, (paced, unpaced)  # hivemind alone: a lookup as soon as the last one answers
 
 
-def test_paced_averagers_still_form_their_group_and_average() -> None:
-    """Two real averagers (forked after ``install``) with the shortest matchmaking time an experiment may set."""
+@pytest.mark.parametrize("paced", [(True, True), (True, False)], ids=["both-paced", "one-paced"])
+def test_paced_averagers_still_form_their_group_and_average(paced: tuple[bool, bool]) -> None:
+    """Two real averagers (each forked with or without ``install``) with the shortest matchmaking time an experiment
+    may set: paced peers match with each other, and with a peer that reads its group key as hivemind does."""
     import hivemind
 
-    matchmaking.install()
-    try:
-        first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
-        initial = [str(m) for m in first.get_visible_maddrs()]
-        dhts = [first, hivemind.DHT(initial_peers=initial, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)]
-        averagers = [
-            hivemind.averaging.DecentralizedAverager(
-                [torch.full((1000,), float(i))],
-                dht,
-                prefix="pace-average",
-                target_group_size=2,
-                min_group_size=2,
-                min_matchmaking_time=0.5,
-                request_timeout=0.4,
-                start=True,
+    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    initial = [str(m) for m in first.get_visible_maddrs()]
+    dhts = [first, hivemind.DHT(initial_peers=initial, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)]
+    averagers = []
+    for i, (dht, pace) in enumerate(zip(dhts, paced)):
+        if pace:
+            matchmaking.install()
+        try:
+            averagers.append(
+                hivemind.averaging.DecentralizedAverager(
+                    [torch.full((1000,), float(i))],
+                    dht,
+                    prefix="pace-average",
+                    target_group_size=2,
+                    min_group_size=2,
+                    min_matchmaking_time=0.5,
+                    request_timeout=0.4,
+                    start=True,
+                )
             )
-            for i, dht in enumerate(dhts)
-        ]
-    finally:
-        matchmaking.uninstall()
+        finally:
+            matchmaking.uninstall()
     try:
         started = time.monotonic()
         controls = [a.step(wait=False, timeout=30, allow_retries=True) for a in averagers]
