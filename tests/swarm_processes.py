@@ -104,6 +104,25 @@ class Swarm:
 
 
 @contextlib.contextmanager
+def loopback_dhts(count: int) -> Iterator[list[Any]]:
+    """``count`` plain hivemind DHT peers on 127.0.0.1, the others bootstrapped from the first; shut down after."""
+    import hivemind
+
+    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    dhts = [first]
+    try:
+        initial = [str(m) for m in first.get_visible_maddrs()]
+        dhts += [
+            hivemind.DHT(initial_peers=initial, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+            for _ in range(count - 1)
+        ]
+        yield dhts
+    finally:
+        for dht in dhts:
+            dht.shutdown()
+
+
+@contextlib.contextmanager
 def running_swarm_peer(folder: Path) -> Iterator[Swarm]:
     """The server's bootstrap/monitor peer for a new run (files in ``folder``); stopped with SIGTERM and checked
     for orphans. The ``swarm_peer`` fixture (tests/conftest.py)."""

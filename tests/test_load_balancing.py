@@ -8,6 +8,8 @@ import torch
 from swarmhub.worker import load_balancing
 from swarmhub.worker.load_balancing import MIN_SHARE, balanced_parts
 
+from .swarm_processes import loopback_dhts
+
 VECTOR = 307_210  # the digits MLP at its widest
 
 
@@ -51,33 +53,29 @@ def test_averagers_with_very_different_bandwidths_average_exactly() -> None:
     import hivemind.averaging.averager as averager_module
 
     assert averager_module.load_balance_peers is balanced_parts
-    dhts = [hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)]
-    initial = [str(m) for m in dhts[0].get_visible_maddrs()]
-    dhts += [hivemind.DHT(initial_peers=initial, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True) for _ in range(2)]
-    vectors = [torch.full((10_000,), float(i)) for i in range(3)]
-    averagers = [
-        hivemind.averaging.DecentralizedAverager(
-            [vector],
-            dht,
-            prefix="balance-test",
-            target_group_size=3,
-            min_group_size=3,
-            min_matchmaking_time=2.0,
-            request_timeout=1.0,
-            bandwidth=bandwidth,
-            start=True,
-        )
-        for vector, dht, bandwidth in zip(vectors, dhts, [100.0, 1.0, 1.0])
-    ]
-    try:
-        controls = [a.step(wait=False, timeout=30) for a in averagers]
-        groups = [control.result(timeout=60) for control in controls]
-        assert all(group is not None and len(group) == 3 for group in groups)
-        for a in averagers:
-            with a.get_tensors() as tensors:
-                assert torch.allclose(tensors[0], torch.full((10_000,), 1.0))
-    finally:
-        for a in averagers:
-            a.shutdown()
-        for dht in dhts:
-            dht.shutdown()
+    with loopback_dhts(3) as dhts:
+        vectors = [torch.full((10_000,), float(i)) for i in range(3)]
+        averagers = [
+            hivemind.averaging.DecentralizedAverager(
+                [vector],
+                dht,
+                prefix="balance-test",
+                target_group_size=3,
+                min_group_size=3,
+                min_matchmaking_time=2.0,
+                request_timeout=1.0,
+                bandwidth=bandwidth,
+                start=True,
+            )
+            for vector, dht, bandwidth in zip(vectors, dhts, [100.0, 1.0, 1.0])
+        ]
+        try:
+            controls = [a.step(wait=False, timeout=30) for a in averagers]
+            groups = [control.result(timeout=60) for control in controls]
+            assert all(group is not None and len(group) == 3 for group in groups)
+            for a in averagers:
+                with a.get_tensors() as tensors:
+                    assert torch.allclose(tensors[0], torch.full((10_000,), 1.0))
+        finally:
+            for a in averagers:
+                a.shutdown()

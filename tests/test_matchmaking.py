@@ -11,6 +11,8 @@ import torch
 
 from swarmhub.worker import matchmaking
 
+from .swarm_processes import loopback_dhts
+
 pytestmark = pytest.mark.swarm
 
 SEARCH_SECONDS = 3.0
@@ -59,18 +61,9 @@ def _lookups_of_a_lone_search(dht: object, paced: bool) -> int:
 
 def test_a_peer_alone_in_its_search_asks_at_most_every_poll_interval() -> None:
     """hivemind re-reads the group key back to back while no leader is there; paced, at most every POLL_SECONDS."""
-    import hivemind
-
-    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
-    dht = hivemind.DHT(
-        initial_peers=[str(m) for m in first.get_visible_maddrs()], host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True
-    )
-    try:
+    with loopback_dhts(2) as (_, dht):
         unpaced = _lookups_of_a_lone_search(dht, paced=False)
         paced = _lookups_of_a_lone_search(dht, paced=True)
-    finally:
-        dht.shutdown()
-        first.shutdown()
     assert paced <= SEARCH_SECONDS / matchmaking.POLL_SECONDS + 2, (paced, unpaced)
     assert paced >= SEARCH_SECONDS / matchmaking.POLL_SECONDS / 3, (paced, unpaced)  # it still looks, all along
     assert unpaced > paced, (paced, unpaced)  # hivemind alone: a lookup as soon as the last one answers
@@ -82,39 +75,35 @@ def test_paced_averagers_still_form_their_group_and_average(paced: tuple[bool, b
     may set: paced peers match with each other, and with a peer that reads its group key as hivemind does."""
     import hivemind
 
-    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
-    initial = [str(m) for m in first.get_visible_maddrs()]
-    dhts = [first, hivemind.DHT(initial_peers=initial, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)]
-    averagers = []
-    for i, (dht, pace) in enumerate(zip(dhts, paced)):
-        if pace:
-            matchmaking.install()
-        try:
-            averagers.append(
-                hivemind.averaging.DecentralizedAverager(
-                    [torch.full((1000,), float(i))],
-                    dht,
-                    prefix="pace-average",
-                    target_group_size=2,
-                    min_group_size=2,
-                    min_matchmaking_time=0.5,
-                    request_timeout=0.4,
-                    start=True,
+    with loopback_dhts(2) as dhts:
+        averagers = []
+        for i, (dht, pace) in enumerate(zip(dhts, paced)):
+            if pace:
+                matchmaking.install()
+            try:
+                averagers.append(
+                    hivemind.averaging.DecentralizedAverager(
+                        [torch.full((1000,), float(i))],
+                        dht,
+                        prefix="pace-average",
+                        target_group_size=2,
+                        min_group_size=2,
+                        min_matchmaking_time=0.5,
+                        request_timeout=0.4,
+                        start=True,
+                    )
                 )
-            )
+            finally:
+                matchmaking.uninstall()
+        try:
+            started = time.monotonic()
+            controls = [a.step(wait=False, timeout=30, allow_retries=True) for a in averagers]
+            groups = [control.result(timeout=60) for control in controls]
+            assert all(group is not None and len(group) == 2 for group in groups)
+            assert time.monotonic() - started < 30
+            for a in averagers:
+                with a.get_tensors() as tensors:
+                    assert torch.allclose(tensors[0], torch.full((1000,), 0.5))
         finally:
-            matchmaking.uninstall()
-    try:
-        started = time.monotonic()
-        controls = [a.step(wait=False, timeout=30, allow_retries=True) for a in averagers]
-        groups = [control.result(timeout=60) for control in controls]
-        assert all(group is not None and len(group) == 2 for group in groups)
-        assert time.monotonic() - started < 30
-        for a in averagers:
-            with a.get_tensors() as tensors:
-                assert torch.allclose(tensors[0], torch.full((1000,), 0.5))
-    finally:
-        for a in averagers:
-            a.shutdown()
-        for dht in dhts:
-            dht.shutdown()
+            for a in averagers:
+                a.shutdown()

@@ -26,7 +26,7 @@ from typing import Any
 POLL_SECONDS = 0.2
 
 
-def install(poll_seconds: float = POLL_SECONDS) -> None:
+def install() -> None:
     """Pace hivemind's group lookups (in this process and in the averager processes it forks after this call)."""
     from hivemind.averaging.key_manager import GroupKeyManager
 
@@ -35,7 +35,7 @@ def install(poll_seconds: float = POLL_SECONDS) -> None:
     async def get_averagers(self: Any, group_key: Any, only_active: bool) -> Any:
         last = getattr(self, "_swarmhub_last_lookup", None)
         if last is not None:
-            wait = last + poll_seconds - time.monotonic()
+            wait = last + POLL_SECONDS - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
         self._swarmhub_last_lookup = time.monotonic()
