@@ -244,10 +244,17 @@ def make_runner_class() -> type:
             register = container.register_processed_part
             ordered = [peer.to_base58() for peer in self.ordered_peer_ids]
 
+            # A reducer sends back the average less this peer's own part: where this peer's own values were not
+            # finite, neither is what comes back, through no fault of the reducer's (the reducer left them out).
+            own_finite = all(finite(tensor) for tensor in container.local_tensors)
+
             def register_finite(peer_index: int, part_index: int, delta: torch.Tensor) -> None:
                 if not finite(delta):
-                    logger.warning("a reducer sent back non-finite values: kept this peer's own there")
-                    flag(ordered[peer_index], "non-finite averaged part")
+                    if own_finite:
+                        logger.warning("a reducer sent back non-finite values: kept this peer's own there")
+                        flag(ordered[peer_index], "non-finite averaged part")
+                    else:
+                        logger.warning("this peer's own part was not finite: kept its own values, flagged no one")
                     delta = torch.nan_to_num(delta, nan=0.0, posinf=0.0, neginf=0.0)
                 register(peer_index, part_index, delta)
 
