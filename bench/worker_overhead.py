@@ -27,6 +27,7 @@ the benchmark itself fails. Leaves no process behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import secrets
 import signal
 import socket
@@ -39,6 +40,7 @@ from typing import Any
 
 import _common as c
 import httpx
+import psutil
 
 PASSWORD = "bench-" + secrets.token_urlsafe(12)
 SWARMHUB_CLI = [sys.executable, "-m", "swarmhub.worker.cli"]
@@ -54,9 +56,12 @@ class Mode:
     matchmaking_time: float
 
 
-# target_batch_size: a swarm epoch of ~6 s alone (the experiment's default matchmaking_time is 3 s, and epochs
-# shorter than that make swarmhub's loop pause); the window then holds about 4 whole epochs.
-FULL = Mode("full", rounds=3, warmup=3.0, window=25.0, target_batch_size=98_304, matchmaking_time=3.0)
+# target_batch_size: swarm epochs of ~5 s alone at this machine's ~40k samples/s. swarmhub's loop makes an epoch last
+# at least matchmaking_time (3 s, the experiment default), which caps a swarm at target_batch_size / matchmaking_time
+# samples/s (65,536 here): the cap must stay well above the bare loop's rate, or the ratio measures the cap (at
+# 98,304 the cap was 32,768 samples/s, below this machine's bare loop). Each round prints the cap and says when the
+# worker ran near it. The window then holds about 5 whole epochs.
+FULL = Mode("full", rounds=3, warmup=3.0, window=25.0, target_batch_size=196_608, matchmaking_time=3.0)
 QUICK = Mode("quick", rounds=1, warmup=1.0, window=8.0, target_batch_size=40_960, matchmaking_time=2.0)
 
 
@@ -128,6 +133,21 @@ class Server:
         self.http.close()
 
 
+def monitor_seconds(server: Server) -> float:
+    """CPU seconds so far of the server's monitor peer (``bootstrap_peer``) and of its DHT and ``p2pd`` processes."""
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(server.proc.popen.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if "swarmhub.server.swarm.bootstrap_peer" not in " ".join(child.cmdline()):
+                    continue
+                for p in [child, *child.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        t = p.cpu_times()
+                        total += t.user + t.system
+    return total
+
+
 def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode) -> dict[str, Any]:
     slug = server.start_experiment(mode)
     state = h.tmp / f"r{r}-state"
@@ -136,10 +156,10 @@ def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode) -> dict[str
     worker = h.worker(f"r{r}-swarmhub", "server", config)
     c.wait_progress([worker], 180)
     t0 = c.wait_epochs([worker], 1, 120)  # the first epoch ends (startup and first-epoch estimates behind us)
-    cpu0 = c.cpu_seconds([worker, server.proc])
+    cpu0, monitor0 = c.cpu_seconds([worker, server.proc]), monitor_seconds(server)
     c.sleep_until(t0 + mode.window)
     t1 = time.time()
-    cpu1 = c.cpu_seconds([worker, server.proc])
+    cpu1, monitor1 = c.cpu_seconds([worker, server.proc]), monitor_seconds(server)
     cpu = c.cpu_share(cpu0, cpu1, t1 - t0)
     codes = h.stop([worker])
     server.finish(slug)
@@ -158,6 +178,8 @@ def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode) -> dict[str
         "helper_ms_per_step": 1000 * helper_seconds / max(steps, 1),
         "steps_per_second": steps / (t1 - t0),
         "server_peer_cores": server_helpers,
+        "monitor_cores": (monitor1 - monitor0) / (t1 - t0),
+        "rate_cap": mode.target_batch_size / mode.matchmaking_time,
         "swarmhub": measured[0],
         "swarmhub_how": measured[1],
         "swarmhub_cpu": cpu,
@@ -251,10 +273,16 @@ def report(results: list[dict[str, Any]], rounds: int, elapsed: float) -> None:
             f"{r['peers']}; bare window {r['bare_how']}"
         )
         print(f"  cores used (main process + its child processes): swarmhub {r['swarmhub_cpu']} | bare {r['bare_cpu']}")
+        cap = r["rate_cap"]
+        near = ""
+        if r["swarmhub"] > 0.9 * cap:
+            near = " (the worker ran near the cap: this round measures the cap, not the worker)"
+        print(f"  the epoch-length guard allows at most {cap:,.0f} samples/s with these settings{near}")
         print(
             f"  worker's helper processes: {r['helper_ms_per_step']:.2f} ms CPU per training step at "
-            f"{r['steps_per_second']:.0f} steps/s (target <= 1.5); server's swarm processes "
-            f"{r['server_peer_cores']:.3f} cores for this one worker (target <= 0.05)"
+            f"{r['steps_per_second']:.0f} steps/s (target <= 1.5); the server's monitor peer (with its DHT and "
+            f"p2pd) {r['monitor_cores']:.3f} cores for this one worker (target <= 0.05); all the server's swarm "
+            f"processes (the monitor and the witness) {r['server_peer_cores']:.3f} cores"
         )
     print(
         "the swarmhub side adds: hivemind.Optimizer in a swarm of one (gradient accumulation every step, one "

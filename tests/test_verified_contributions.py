@@ -95,6 +95,18 @@ def test_monitor_credits_signed_records_to_the_token_holder(swarm_peer):
         ada, mallory = credited[ids["ada"]["peer_id"]], credited[ids["mallory"]["peer_id"]]
         assert (ada["username"], ada["epoch"], ada["samples"]) == ("ada", 3, 50)
         assert (mallory["username"], mallory["samples"]) == ("mallory", 77)  # not ada's, whatever it claims
+
+        # The next reads of the records attribute them as before without reading the roster each time: the
+        # off-roster record sends the monitor back to it at most every UNKNOWN_SECONDS (5 s), not at every read.
+        reads, started = [], time.monotonic()
+        while len(reads) < 8:
+            line = swarm_peer.output.next(timeout=30)
+            event = json.loads(line) if line and line.startswith("{") else {}
+            if event.get("event") == "progress":
+                assert {c["peer_id"] for c in event["contributors"]} == credited.keys()
+                reads.append(event["roster_reads"])
+        assert reads[-1] - reads[0] <= (time.monotonic() - started) / 5 + 1, reads
+        assert reads[-1] - reads[0] < len(reads) - 1, reads
     finally:
         for proc in procs.values():
             proc.stdin.close()

@@ -134,6 +134,12 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
             **kwargs,
         )
 
+    def _make_gradient_averager(self, factory: Any, **kwargs: Any) -> Any:
+        """No peer downloads another's gradient accumulators (newcomers load the state averager's state), so the
+        gradient averager does not offer them: hivemind would re-declare them in the DHT after every round and
+        at every epoch, a signed store that each peer holding the key answers, for nothing."""
+        return super()._make_gradient_averager(factory, allow_state_sharing=False, **kwargs)
+
     def _make_progress_tracker(self, target_batch_size: int, **kwargs: Any) -> Any:
         if self._roster is None:
             return super()._make_progress_tracker(target_batch_size, **kwargs)

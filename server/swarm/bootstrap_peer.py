@@ -31,9 +31,65 @@ from .events import Ready
 from .process import emit
 
 
-def read_progress(dht: Any, run_id: str, experiment_key: Any = None) -> dict[str, Any]:
+class MonitorRoster:
+    """The roster as the monitor last read it, read again only when a record needs it: a round of the witness's
+    that names a peer it does not hold and that is newer than its last read (the witness admits only peers on the
+    roster, so a read after the round holds its senders), any other peer it does not hold at most every
+    ``UNKNOWN_SECONDS`` (a record signed by a key that is on no roster entry counts in the totals and is credited to
+    no one), and at least every ``REFRESH_SECONDS``. In a steady swarm the monitor reads the progress and witness
+    records each interval and the roster about every half minute, where it read all three. Entries cannot be taken
+    back before their tokens expire, so a peer admitted by the last read is admitted by a new one until then."""
+
+    REFRESH_SECONDS = 30.0
+    UNKNOWN_SECONDS = 5.0
+
+    def __init__(self, experiment_key: Any, run_id: str):
+        from swarmhub.worker import swarm_access
+
+        self.guard = swarm_access.RosterGuard(experiment_key, run_id)
+        self.run_id = run_id
+        self.reads = 0
+        self._admitted: dict[str, float] = {}
+        self._read_at = float("-inf")  # time.time() of the last read
+
+    def _live(self, now: float) -> dict[str, float]:
+        return {peer: expiry for peer, expiry in self._admitted.items() if expiry == 0.0 or expiry > now}
+
+    def admitted(self, dht: Any, needed: set[str], in_rounds: dict[str, float]) -> dict[str, float]:
+        """Peer ID -> token expiry of the peers the roster admits now. ``needed``: peers to attribute; ``in_rounds``:
+        round senders with the time of their newest round."""
+        import time
+
+        from swarmhub.worker import swarm_access
+
+        now = time.time()
+        live = self._live(now)
+        unknown = (needed | in_rounds.keys()) - live.keys()
+        if (
+            now - self._read_at >= self.REFRESH_SECONDS
+            or any(in_rounds.get(peer, float("-inf")) >= self._read_at for peer in unknown)
+            or (unknown and now - self._read_at >= self.UNKNOWN_SECONDS)
+        ):
+            self._read_at = time.time()
+            self._admitted = self.guard.admit(dht.get(swarm_access.roster_key(self.run_id), latest=True))
+            self.reads += 1
+            live = self._live(now)
+        return live
+
+
+def _signer(subkey: Any) -> str | None:
+    from swarmhub.worker import swarm_access
+
+    owner = swarm_access.record_owner(subkey)
+    try:
+        return swarm_access.peer_id_for_public_key(owner) if owner else None
+    except ValueError:
+        return None
+
+
+def read_progress(dht: Any, run_id: str, roster: MonitorRoster | None = None) -> dict[str, Any]:
     """Summarise the swarm's progress records, as hivemind's ProgressTracker does, and attribute each
-    record to a volunteer (``contributors``) when ``experiment_key`` is given.
+    record to a volunteer (``contributors``) when a ``roster`` (``MonitorRoster``) is given.
 
     A record is attributed only when the key that signed it (hivemind's RSASignatureValidator checked the
     signature when the record was stored and read) is the key of a valid access token on the run's roster:
@@ -42,14 +98,14 @@ def read_progress(dht: Any, run_id: str, experiment_key: Any = None) -> dict[str
     """
     from hivemind.optim.progress_tracker import LocalTrainingProgress
 
-    from swarmhub.worker import swarm_access
+    from swarmhub.worker import witness
 
     record = dht.get(f"{run_id}_progress", latest=True)
-    peers: list[tuple[bytes, LocalTrainingProgress]] = []
+    peers: list[tuple[str | None, LocalTrainingProgress]] = []
     if record is not None and isinstance(record.value, dict):
         for subkey, entry in record.value.items():
             try:
-                peers.append((subkey, LocalTrainingProgress.parse_obj(entry.value)))
+                peers.append((_signer(subkey), LocalTrainingProgress.parse_obj(entry.value)))
             except Exception:  # noqa: S112 - a malformed record from one peer must not stop the monitor
                 continue
     event: dict[str, Any] = {
@@ -59,23 +115,28 @@ def read_progress(dht: Any, run_id: str, experiment_key: Any = None) -> dict[str
         "samples_per_second": round(sum(p.samples_per_second for _, p in peers), 3),
         "samples": sum(p.samples_accumulated for _, p in peers),
     }
-    if experiment_key is None:
+    if roster is None:
         return event
-    roster = swarm_access.RosterGuard(experiment_key, run_id)
-    admitted = roster.admit(dht.get(swarm_access.roster_key(run_id), latest=True))
+    published = _witness_items(dht.get(witness.witness_key(run_id), latest=True))
+    needed = {peer for peer, _ in peers if peer is not None}
+    in_rounds: dict[str, float] = {}
+    for signer, rounds, flags in published:
+        needed.add(signer)
+        needed.update(item["peer_id"] for item in flags if isinstance(item.get("peer_id"), str))
+        for item in rounds:
+            at = item.get("time") if isinstance(item, dict) else None
+            if isinstance(at, int | float):
+                for peer, *_ in _senders(item):
+                    in_rounds[peer] = max(in_rounds.get(peer, float("-inf")), float(at))
+    admitted = roster.admitted(dht, needed, in_rounds)
     contributors = []
-    for subkey, progress in peers:
-        owner = swarm_access.record_owner(subkey)
-        try:
-            peer_id = swarm_access.peer_id_for_public_key(owner) if owner else None
-        except ValueError:
-            peer_id = None
+    for peer_id, progress in peers:
         if peer_id is None or peer_id not in admitted:
             continue
         contributors.append(
             {
                 "peer_id": peer_id,
-                "username": roster.username_of(peer_id),
+                "username": roster.guard.username_of(peer_id),
                 "epoch": progress.epoch,
                 "samples": progress.samples_accumulated,
                 "samples_per_second": round(progress.samples_per_second, 3),
@@ -84,35 +145,57 @@ def read_progress(dht: Any, run_id: str, experiment_key: Any = None) -> dict[str
             }
         )
     event["contributors"] = contributors
-    event["rounds"], event["flags"] = read_witness(dht, run_id, roster, admitted)
+    event["rounds"], event["flags"] = read_witness(published, roster.guard, admitted)
+    event["roster_reads"] = roster.reads
     return event
 
 
-def read_witness(dht: Any, run_id: str, roster: Any, admitted: dict[str, float]) -> tuple[list[Any], list[Any]]:
+def _senders(item: dict[str, Any]) -> list[Any]:
+    senders = item.get("senders")
+    if not isinstance(senders, list):
+        return []
+    return [s for s in senders if isinstance(s, list | tuple) and len(s) == 2 and isinstance(s[0], str)]
+
+
+def _witness_items(record: Any) -> list[tuple[str, list[Any], list[Any]]]:
+    """(signer, rounds, flags) of each entry of the witness record, as published (not yet checked)."""
+    if record is None or not isinstance(record.value, dict):
+        return []
+    items: list[tuple[str, list[Any], list[Any]]] = []
+    for subkey, entry in record.value.items():
+        signer = _signer(subkey)
+        value = entry.value if isinstance(entry.value, dict) else {}
+        if signer is None:
+            continue
+        rounds, flags = value.get("rounds"), value.get("flags")
+        items.append(
+            (
+                signer,
+                rounds if isinstance(rounds, list) else [],
+                [f for f in flags if isinstance(f, dict)] if isinstance(flags, list) else [],
+            )
+        )
+    return items
+
+
+def read_witness(
+    published: list[tuple[str, list[Any], list[Any]]], roster: Any, admitted: dict[str, float]
+) -> tuple[list[Any], list[Any]]:
     """The rounds and flags that the server's own peers published (``worker/witness.py``), their peers attributed
     through the roster. A record counts only when the key that signed it holds a valid token as the server's peer:
     a volunteer's peer can publish under this key too, and is ignored."""
-    from swarmhub.worker import swarm_access, witness
+    from swarmhub.worker import swarm_access
 
-    record = dht.get(witness.witness_key(run_id), latest=True)
     rounds: dict[str, Any] = {}
     flags: dict[str, Any] = {}
-    if record is None or not isinstance(record.value, dict):
-        return [], []
 
     def attributed(peer_id: Any) -> str | None:
         return roster.username_of(peer_id) if isinstance(peer_id, str) and peer_id in admitted else None
 
-    for subkey, entry in record.value.items():
-        owner = swarm_access.record_owner(subkey)
-        try:
-            signer = swarm_access.peer_id_for_public_key(owner) if owner else None
-        except ValueError:
-            signer = None
-        if signer is None or signer not in admitted or roster.username_of(signer) != swarm_access.SERVER_PEER_USERNAME:
+    for signer, published_rounds, published_flags in published:
+        if signer not in admitted or roster.username_of(signer) != swarm_access.SERVER_PEER_USERNAME:
             continue
-        value = entry.value if isinstance(entry.value, dict) else {}
-        for item in value.get("rounds", []) if isinstance(value.get("rounds"), list) else []:
+        for item in published_rounds:
             try:
                 senders = [
                     {"peer_id": peer, "username": name, "weight": float(weight)}
@@ -127,8 +210,8 @@ def read_witness(dht: Any, run_id: str, roster: Any, admitted: dict[str, float])
                 }
             except (KeyError, TypeError, ValueError):
                 continue
-        for item in value.get("flags", []) if isinstance(value.get("flags"), list) else []:
-            if isinstance(item, dict) and (name := attributed(item.get("peer_id"))) is not None:
+        for item in published_flags:
+            if (name := attributed(item.get("peer_id"))) is not None:
                 if name != swarm_access.SERVER_PEER_USERNAME:
                     flags[str(item.get("id"))] = {**item, "username": name}
     return list(rounds.values()), list(flags.values())
@@ -189,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     dht.add_validators([*swarm_access.roster_validators(args.run_id, own_key), progress_schema])
     try:
         emit(Ready(maddrs=[str(m) for m in dht.get_visible_maddrs()]))
+        roster = MonitorRoster(signing_key.get_public_key(), args.run_id)
         while not stop.is_set():
             try:
-                emit(read_progress(dht, args.run_id, signing_key.get_public_key()))
+                emit(read_progress(dht, args.run_id, roster))
             except Exception as exc:  # the monitor keeps the bootstrap node alive whatever a read does
                 logging.warning("progress read failed: %r", exc)
             # Jittered: a fixed period can lock in phase with the swarm's epochs (a swarm of one with short

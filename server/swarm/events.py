@@ -38,6 +38,7 @@ class Progress(_Event):
     contributors: list[Any] = Field(default_factory=list)
     rounds: list[Any] = Field(default_factory=list)
     flags: list[Any] = Field(default_factory=list)
+    roster_reads: int = 0  # the monitor's reads of the roster so far (``bootstrap_peer.MonitorRoster``)
 
 
 class Stopped(_Event):
