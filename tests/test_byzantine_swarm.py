@@ -267,8 +267,13 @@ def test_non_finite_gradients_are_dropped_and_their_sender_flagged(swarm_peer, t
         for name in ("ada", "bob", "mallory"):
             peers.joined(name)
         summaries = {name: peers.summary(name) for name in ("ada", "bob")}
+        nan_sender = peers.summary("mallory")
     finally:
         peers.stop()
+    # The reducers sent her back the average less her NaN part, NaN by her own doing: she flags no honest peer for
+    # it (she used to, and then followed no one, cut off from the rounds where the server's witness would meet her).
+    for honest in ("ada", "bob"):
+        assert set(nan_sender["flags"].get(peers.peer_ids[honest], {})) <= robust.LOCAL_REASONS, nan_sender
     # Her NaN parts reached an honest reducer, which dropped them and flagged her. (Once flagged, her records no
     # longer set the honest peers' pace, so which honest peer met her in a round varies from run to run.)
     mallory = peers.peer_ids["mallory"]
