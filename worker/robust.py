@@ -246,11 +246,15 @@ def make_runner_class() -> type:
 
             # A reducer sends back the average less this peer's own part: where this peer's own values were not
             # finite, neither is what comes back, through no fault of the reducer's (the reducer left them out).
-            own_finite = all(finite(tensor) for tensor in container.local_tensors)
+            # Checked only when a non-finite answer arrives (a pass over the whole vector), once per round: the
+            # answers registered so far are finite or zeroed, so they cannot change what the check finds.
+            own_finite: list[bool] = []
 
             def register_finite(peer_index: int, part_index: int, delta: torch.Tensor) -> None:
                 if not finite(delta):
-                    if own_finite:
+                    if not own_finite:
+                        own_finite.append(all(finite(tensor) for tensor in container.local_tensors))
+                    if own_finite[0]:
                         logger.warning("a reducer sent back non-finite values: kept this peer's own there")
                         flag(ordered[peer_index], "non-finite averaged part")
                     else:

@@ -77,16 +77,6 @@ class MonitorRoster:
         return live
 
 
-def _signer(subkey: Any) -> str | None:
-    from swarmhub.worker import swarm_access
-
-    owner = swarm_access.record_owner(subkey)
-    try:
-        return swarm_access.peer_id_for_public_key(owner) if owner else None
-    except ValueError:
-        return None
-
-
 def read_progress(dht: Any, run_id: str, roster: MonitorRoster | None = None) -> dict[str, Any]:
     """Summarise the swarm's progress records, as hivemind's ProgressTracker does, and attribute each
     record to a volunteer (``contributors``) when a ``roster`` (``MonitorRoster``) is given.
@@ -99,13 +89,14 @@ def read_progress(dht: Any, run_id: str, roster: MonitorRoster | None = None) ->
     from hivemind.optim.progress_tracker import LocalTrainingProgress
 
     from swarmhub.worker import witness
+    from swarmhub.worker.swarm_epoch import owner_peer_id
 
     record = dht.get(f"{run_id}_progress", latest=True)
     peers: list[tuple[str | None, LocalTrainingProgress]] = []
     if record is not None and isinstance(record.value, dict):
         for subkey, entry in record.value.items():
             try:
-                peers.append((_signer(subkey), LocalTrainingProgress.parse_obj(entry.value)))
+                peers.append((owner_peer_id(subkey), LocalTrainingProgress.parse_obj(entry.value)))
             except Exception:  # noqa: S112 - a malformed record from one peer must not stop the monitor
                 continue
     event: dict[str, Any] = {
@@ -159,11 +150,13 @@ def _senders(item: dict[str, Any]) -> list[Any]:
 
 def _witness_items(record: Any) -> list[tuple[str, list[Any], list[Any]]]:
     """(signer, rounds, flags) of each entry of the witness record, as published (not yet checked)."""
+    from swarmhub.worker.swarm_epoch import owner_peer_id
+
     if record is None or not isinstance(record.value, dict):
         return []
     items: list[tuple[str, list[Any], list[Any]]] = []
     for subkey, entry in record.value.items():
-        signer = _signer(subkey)
+        signer = owner_peer_id(subkey)
         value = entry.value if isinstance(entry.value, dict) else {}
         if signer is None:
             continue
