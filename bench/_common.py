@@ -4,9 +4,9 @@
   environment variable that hivemind's children (DHT, averagers, ``p2pd``) inherit, and on exit stops them
   (gracefully first, then ``killpg``) and checks that no tagged process, ``p2pd`` included, is left behind.
 - :meth:`Harness.swarm_peer` starts the server's bootstrap/monitor peer (``python -m
-  swarmhub.server.swarm.bootstrap_peer``) with a signing key file, as ``tests/test_training_swarm.py`` does;
-  :func:`make_join` builds the JoinResponse the
-  server would answer, like ``make_join`` there.
+  swarmhub.server.swarm.bootstrap_peer``) with a signing key file, and :func:`join_json` the JoinResponse the
+  server would answer. The process tools under both (the tag, the stdout reader, the peer's command line, the
+  join answer, the health check) are the tests' own, imported from ``tests/swarm_processes.py``: one copy.
 - :meth:`Harness.worker` starts ``bench/_worker.py`` in one of its modes; workers print JSON lines on stdout.
 - Statistics (median and spread) and table printing.
 """
@@ -16,27 +16,35 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the process tools the tests use too: tests/swarm_processes.py
+
+from tests.swarm_processes import (  # noqa: E402
+    LineReader,
+    OutputError,
+    bootstrap_peer_command,
+    make_join,
+    tagged_env,
+    wait_gone,
+)
+
 WORKER_SCRIPT = Path(__file__).resolve().with_name("_worker.py")
-TAG = "SWARMHUB_BENCH_TAG"
 
 # The workload of the throughput benchmarks: one step is ~30 ms of compute on one thread of this 2-core
 # machine (digits' MLP at its widest, 512 samples a step), so per-step swarm costs are not drowned out.
@@ -44,60 +52,7 @@ HIDDEN_SIZE = 4096
 BATCH_SIZE = 512
 
 
-class BenchError(RuntimeError):
-    """Something the benchmark needs did not work: exit nonzero."""
-
-
-class LineReader:
-    """Reads a process's stdout in a thread: JSON lines become events, anything else is kept as text."""
-
-    def __init__(self, proc: subprocess.Popen[str], name: str, copy_to: Path | None = None):
-        self.name = name
-        self._copy = open(copy_to, "w") if copy_to is not None else None  # noqa: SIM115 - closed by the pump
-        self.events: list[dict[str, Any]] = []
-        self.text: list[str] = []
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._pump, args=(proc,), daemon=True)
-        self._thread.start()
-
-    def _pump(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if self._copy is not None:
-                self._copy.write(line)
-                self._copy.flush()
-            if line.startswith("{"):
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    self.text.append(line)
-                    continue
-                self.events.append(event)
-                self._queue.put(event)
-            else:
-                self.text.append(line)
-        if self._copy is not None:
-            self._copy.close()
-        self._queue.put(None)
-
-    def wait_for(self, kind: str, timeout: float) -> dict[str, Any]:
-        """The next event of ``kind`` (events of other kinds are skipped, but kept in ``events``)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BenchError(f"{self.name}: no {kind!r} event within {timeout:.0f} s")
-            try:
-                event = self._queue.get(timeout=left)
-            except queue.Empty:
-                continue
-            if event is None:
-                raise BenchError(f"{self.name}: exited before its {kind!r} event")
-            if event.get("event") == kind:
-                return event
-
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+BenchError = OutputError  # something the benchmark needs did not work (a process did not print its event): exit 1
 
 
 @dataclass
@@ -167,14 +122,7 @@ class Harness:
             raise BenchError(f"processes survived SIGKILL: {left}")
 
     def env(self, **extra: str) -> dict[str, str]:
-        return {
-            **os.environ,
-            TAG: self.tag,
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1",
-            **extra,
-        }
+        return tagged_env(self.tag, **extra)
 
     def spawn(
         self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, stop_signal: int | None = None
@@ -214,21 +162,7 @@ class Harness:
             run_id = run_id or f"bench-{uuid.uuid4().hex[:8]}"
             folder = self.tmp / name
             folder.mkdir()
-            key_text = swarm_access.new_signing_key_der()
-            (folder / "signing").write_text(key_text)
-            argv = [
-                sys.executable,
-                "-m",
-                "swarmhub.server.swarm.bootstrap_peer",
-                "--run-id",
-                run_id,
-                "--host",
-                "127.0.0.1",
-                "--signing-key-file",
-                str(folder / "signing"),
-                "--identity",
-                str(folder / "peer.key"),
-            ]
+            argv, key_text = bootstrap_peer_command(folder, run_id)
             started.append((self.spawn(name, argv), run_id, key_text))
         peers = []
         for proc, run_id, key_text in started:
@@ -275,11 +209,11 @@ class Harness:
             self.stop(running, timeout=30)
         for proc in self.procs:
             _signal_group(proc.popen, signal.SIGKILL)
-        left = wait_tagged_gone(self.tag, timeout=15)
+        left = wait_gone(self.tag, timeout=15)
         for p in left:
             with contextlib.suppress(psutil.Error):
                 p.kill()
-        left = wait_tagged_gone(self.tag, timeout=5)
+        left = wait_gone(self.tag, timeout=5)
         return [_describe(p) for p in left]
 
     def check_no_leftovers(self, grace: float = 15.0) -> str:
@@ -288,14 +222,14 @@ class Harness:
         is still there, and say so. Raises only when something survives SIGKILL."""
         for proc in self.procs:
             _signal_group(proc.popen, signal.SIGKILL)
-        left = wait_tagged_gone(self.tag, timeout=grace)
+        left = wait_gone(self.tag, timeout=grace)
         if not left:
             return "cleanup: no process left behind (no tagged process, no p2pd)"
         names = sorted(_describe(p) for p in left)
         for p in left:
             with contextlib.suppress(psutil.Error):
                 p.kill()
-        survivors = wait_tagged_gone(self.tag, timeout=5)
+        survivors = wait_gone(self.tag, timeout=5)
         if survivors:
             raise BenchError(f"left behind, surviving SIGKILL: {[_describe(p) for p in survivors]}")
         p2pd = [n for n in names if n.startswith("p2pd")]
@@ -335,24 +269,6 @@ def _describe(p: psutil.Process) -> str:
     return f"{_name(p)}[{p.pid}]"
 
 
-def tagged_processes(tag: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(TAG) == tag and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def wait_tagged_gone(tag: str, timeout: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    while (left := tagged_processes(tag)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
-
-
 def other_p2pd() -> int:
     """p2pd processes of anyone on this machine (for the report: they compete for the 2 cores)."""
     count = 0
@@ -390,29 +306,13 @@ def experiment_config(
     }
 
 
-def make_join(peer: SwarmPeer, worker_id: str, identity: Path, experiment: dict[str, Any]) -> str:
-    """What the server's join answers (as JSON), for the key at ``identity``: a token signed by the run's key.
-
-    Built as ``tests/test_training_swarm.make_join`` builds it."""
-    from swarmhub.worker import swarm_access
-    from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
+def join_json(peer: SwarmPeer, worker_id: str, identity: Path, experiment: dict[str, Any]) -> str:
+    """What the server's join answers (as JSON) for the key at ``identity``, for an experiment as
+    :func:`experiment_config` describes it: the tests' ``make_join`` (tests/swarm_processes.py)."""
+    from swarmhub.worker.protocol import ExperimentConfig
 
     config = ExperimentConfig(slug="bench-digits", title="Benchmark digits", **experiment)
-    public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes()
-    token = swarm_access.sign_token(peer.signing_key, peer.run_id, "bench", public_key, timedelta(hours=1))
-    join = JoinResponse(
-        experiment=config,
-        run_id=peer.run_id,
-        initial_peers=peer.maddrs,
-        worker_id=worker_id,
-        username="bench",
-        report_path="/ws/experiments/bench-digits/report",
-        swarm_token=SwarmToken(**swarm_access.token_to_wire(token)),
-        token_path="/api/experiments/bench-digits/swarm-token",
-        experiment_public_key=peer.signing_key.get_public_key().to_bytes().decode(),
-        server_time=time.time(),
-    )
-    return join.model_dump_json()
+    return make_join(peer, worker_id, identity, config, username="bench").model_dump_json()
 
 
 # -- measurement ---------------------------------------------------------------------------------------------

@@ -113,20 +113,6 @@ def redis_available() -> bool:
         return False
 
 
-def wait_healthy(proc: c.Proc, url: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise c.BenchError(f"{proc.name} exited during start-up:\n{proc.log_tail()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise c.BenchError(f"{proc.name} did not become healthy:\n{proc.log_tail()}")
-
-
 class SwarmhubServer:
     """``swarmhub server`` in its own process (no swarm), with an administrator who organizes experiments.
 
@@ -158,7 +144,7 @@ class SwarmhubServer:
                 raise c.BenchError(f"swarmhub admin failed: {made.stderr[-2000:]}")
         argv = [*SWARMHUB_CLI, "server", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
         self.proc = h.spawn(name, argv, env=self.env, stop_signal=signal.SIGTERM)
-        wait_healthy(self.proc, self.url)
+        c.wait_healthy(self.url, self.proc.popen, 90, self.proc.log)
         response = httpx.post(f"{self.url}/api/auth/token", json={"username": "bench", "password": PASSWORD})
         response.raise_for_status()
         self.token = response.json()["access_token"]
@@ -194,7 +180,7 @@ class BareServer:
         self.ws_url = f"ws://127.0.0.1:{self.port}"
         argv = [sys.executable, os.path.abspath(__file__), "bare", "--port", str(self.port)]
         self.proc = h.spawn(name, argv, stop_signal=signal.SIGTERM)
-        wait_healthy(self.proc, self.url)
+        c.wait_healthy(self.url, self.proc.popen, 90, self.proc.log)
 
     @property
     def pid(self) -> int:

@@ -29,15 +29,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 import uuid
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _common as c
+
 from swarmhub.worker import swarm_access
-from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
+from swarmhub.worker.protocol import ExperimentConfig
 
 PEER = """
 import json, sys
@@ -98,51 +98,46 @@ print(json.dumps({"steps": s.steps, "samples": s.samples, "epoch": s.epoch, "las
 ATTACKS = ["none", "absent", "x100", "sign-flip", "noise"]
 
 
-def bootstrap(folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str, list[str], Any]:
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    maddrs: list[str]
+    signing_key: Any  # hivemind RSAPrivateKey
+
+
+def bootstrap(folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], Run]:
+    """The server's bootstrap/monitor peer for a new run, started as the server starts it."""
     run_id = f"byz-{uuid.uuid4().hex[:8]}"
-    key_text = swarm_access.new_signing_key_der()
-    (folder / "signing").write_text(key_text)
+    argv, key_text = c.bootstrap_peer_command(folder, run_id)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "swarmhub.server.swarm.bootstrap_peer", "--run-id", run_id, "--host", "127.0.0.1",
-         "--signing-key-file", str(folder / "signing"), "--identity", str(folder / "peer.key")],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        event = json.loads(line)
-        if event.get("event") == "ready":
-            # keep reading its progress lines: a full pipe would block the peer, and then its shutdown
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, run_id, event["maddrs"], swarm_access.signing_key_from_text(key_text)
-    raise RuntimeError("the bootstrap peer did not start")
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
+    # the reader keeps reading its progress lines: a full pipe would block the peer, and then its shutdown
+    reader = c.LineReader(proc, "the bootstrap peer")
+    maddrs = reader.wait_for("ready", 60)["maddrs"]
+    return proc, Run(run_id, maddrs, swarm_access.signing_key_from_text(key_text))
 
 
-def join_for(run_id: str, maddrs: list[str], key: Any, name: str, identity: Path, aggregation: str) -> str:
+def join_for(peer: Run, name: str, identity: Path, aggregation: str) -> str:
     experiment = ExperimentConfig(
         slug="byzantine", title="Byzantine bench", task="digits", task_params={"batch_size": 32, "hidden_size": 32},
         optimizer="sgd", learning_rate=0.5, target_batch_size=512, matchmaking_time=2.0, averaging_timeout=10.0,
         aggregation=aggregation,
     )  # fmt: skip
-    public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes()
-    token = swarm_access.sign_token(key, run_id, name, public_key, timedelta(hours=1))
-    return JoinResponse(
-        experiment=experiment, run_id=run_id, initial_peers=maddrs, worker_id=f"{name}-byzantine",
-        username=name, report_path="/ws", swarm_token=SwarmToken(**swarm_access.token_to_wire(token)),
-        token_path="/t", experiment_public_key=key.get_public_key().to_bytes().decode(), server_time=time.time(),
-    ).model_dump_json()  # fmt: skip
+    return c.make_join(peer, f"{name}-byzantine", identity, experiment, username=name).model_dump_json()
 
 
 def run_swarm(aggregation: str, attack: str, epochs: int) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        boot, run_id, maddrs, key = bootstrap(folder, env)
+        boot, run = bootstrap(folder, env)
         peers = []
         try:
             for i, name in enumerate(["ada", "bob", "cyd", "mallory"][: 3 if attack == "absent" else 4]):
                 identity = folder / f"{name}.key"
                 mode = attack if i == 3 else "none"
-                join = join_for(run_id, maddrs, key, name, identity, aggregation)
+                join = join_for(run, name, identity, aggregation)
                 peers.append(
                     subprocess.Popen(
                         [sys.executable, "-c", PEER, join, str(identity), mode, str(epochs)],

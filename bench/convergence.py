@@ -134,7 +134,7 @@ def run_swarm(h: c.Harness, r: int, budget: int) -> tuple[list[tuple[float, floa
     workers = []
     for name in "AB":
         identity = h.tmp / f"r{r}-{name}.key"
-        join = c.make_join(peer, f"worker-{r}-{name}", identity, exp)
+        join = c.join_json(peer, f"worker-{r}-{name}", identity, exp)
         config = {"join": join, "identity": str(identity), "seed": SEED, "evaluate": True}
         workers.append(h.worker(f"r{r}-swarm-{name}", "swarmhub", config))
     deadline = time.monotonic() + 120 + 10 * budget / TARGET_BATCH_SIZE

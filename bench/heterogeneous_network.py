@@ -168,7 +168,7 @@ def run_variant(h: c.Harness, lab: net.Lab, variant: str, run: int, mode: Mode, 
         link = lab.link(role)
         identity = h.tmp / f"{prefix}-{role}.key"
         cfg = {
-            "join": c.make_join(peer, f"worker-{role}", identity, exp),
+            "join": c.join_json(peer, f"worker-{role}", identity, exp),
             "identity": str(identity),
             "listen": f"/ip4/{link.ip}/tcp/0",
             "client_mode": False,

@@ -85,7 +85,7 @@ def swarmhub_round(h: c.Harness, r: int, mode: Mode, first: str, second: str) ->
 
     def start(name: str) -> c.Proc:
         identity = h.tmp / f"r{r}-{name}.key"
-        join = c.make_join(peer, f"worker-{name}", identity, exp)
+        join = c.join_json(peer, f"worker-{name}", identity, exp)
         return h.worker(f"r{r}-swarmhub-{name}", "swarmhub", {"join": join, "identity": str(identity)})
 
     w1 = start(first)
@@ -130,7 +130,7 @@ def side_by_side_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
     workers = []
     for name, peer in zip("AB", peers, strict=True):
         identity = h.tmp / f"r{r}-solo-{name}.key"
-        join = c.make_join(peer, f"worker-{name}", identity, exp)
+        join = c.join_json(peer, f"worker-{name}", identity, exp)
         workers.append(h.worker(f"r{r}-solo-{name}", "swarmhub", {"join": join, "identity": str(identity)}))
     t0 = c.wait_progress(workers, 120) + mode.solo_warmup
     c.sleep_until(t0)

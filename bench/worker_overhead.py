@@ -96,24 +96,11 @@ class Server:
             raise c.BenchError(f"swarmhub admin failed: {made.stderr[-2000:]}")
         argv = [*SWARMHUB_CLI, "server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
         self.proc = h.spawn("server", argv, env=self.env, stop_signal=signal.SIGTERM)
-        self._wait_healthy()
+        c.wait_healthy(self.url, self.proc.popen, 90, self.proc.log)
         response = httpx.post(f"{self.url}/api/auth/token", json={"username": "bench", "password": PASSWORD})
         response.raise_for_status()
         self.token = response.json()["access_token"]
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
-
-    def _wait_healthy(self, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.popen.poll() is not None:
-                raise c.BenchError(f"the server exited during start-up:\n{self.proc.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise c.BenchError("the server did not become healthy")
 
     def start_experiment(self, mode: Mode) -> str:
         slug = f"bench-{uuid.uuid4().hex[:8]}"

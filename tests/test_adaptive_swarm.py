@@ -17,7 +17,7 @@ import pytest
 
 from swarmhub.worker.protocol import Overlap
 
-from .swarm_processes import LineReader, Swarm, kill_all, make_join, tagged_env, wait_gone
+from .swarm_processes import TAG, LineReader, Swarm, kill_all, make_join, tagged_env, wait_gone
 
 pytestmark = pytest.mark.swarm
 
@@ -82,7 +82,7 @@ class Workers:
         self.readers[name] = LineReader(self.procs[name])
 
     def events(self, name: str, timeout: float = 180) -> list[dict[str, Any]]:
-        return self.readers[name].events(timeout=timeout)
+        return self.readers[name].remaining_events(timeout=timeout)
 
     def wait_for(self, name: str, condition: Any, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -200,7 +200,7 @@ def test_the_server_runs_an_auxiliary_peer_when_the_organizer_asks(tmp_path: Pat
     from swarmhub.worker.protocol import ExperimentConfig
 
     tag = f"host-{uuid.uuid4().hex}"
-    monkeypatch.setenv("SWARMHUB_TEST_TAG", tag)  # inherited by every process the host starts
+    monkeypatch.setenv(TAG, tag)  # inherited by every process the host starts
     host = SwarmHost(tmp_path, "127.0.0.1")
     run_id = f"t-{uuid.uuid4().hex[:8]}"
     key = swarm_access.new_signing_key_der()

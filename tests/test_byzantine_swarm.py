@@ -13,15 +13,14 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from swarmhub.worker import robust, swarm_access
-from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
+from swarmhub.worker import robust
+from swarmhub.worker.protocol import JoinResponse
 
-from .swarm_processes import LineReader, Swarm, kill_all, tagged_env, wait_gone
+from .swarm_processes import TEST_EXPERIMENT, LineReader, Swarm, kill_all, make_join, tagged_env, wait_gone
 
 pytestmark = [pytest.mark.swarm, pytest.mark.solo]  # training pace is asserted: see tests/lanes.py
 
@@ -87,32 +86,10 @@ print(json.dumps({"event": "summary", "epoch": s.epoch, "first_loss": s.first_lo
 
 def join_as(swarm: Swarm, username: str, identity: Path, aggregation: str, learning_rate: float = 1e-2) -> JoinResponse:
     """The server's join answer for ``username``'s key at ``identity`` (each volunteer its own account)."""
-    experiment = ExperimentConfig(
-        slug="digits-test",
-        title="Digits test",
-        task="digits",
-        task_params={"batch_size": 32, "hidden_size": 32},
-        optimizer="adam",
-        learning_rate=learning_rate,
-        target_batch_size=128,
-        matchmaking_time=2.0,
-        averaging_timeout=10.0,
-        aggregation=aggregation,
+    experiment = TEST_EXPERIMENT.model_copy(
+        update={"learning_rate": learning_rate, "averaging_timeout": 10.0, "aggregation": aggregation}
     )
-    public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes()
-    token = swarm_access.sign_token(swarm.signing_key, swarm.run_id, username, public_key, timedelta(hours=1))
-    return JoinResponse(
-        experiment=experiment,
-        run_id=swarm.run_id,
-        initial_peers=swarm.maddrs,
-        worker_id=f"{username}-{uuid.uuid4().hex[:6]}",
-        username=username,
-        report_path="/ws/experiments/digits-test/report",
-        swarm_token=SwarmToken(**swarm_access.token_to_wire(token)),
-        token_path="/api/experiments/digits-test/swarm-token",
-        experiment_public_key=swarm.signing_key.get_public_key().to_bytes().decode(),
-        server_time=time.time(),
-    )
+    return make_join(swarm, f"{username}-{uuid.uuid4().hex[:6]}", identity, experiment, username=username)
 
 
 class Peers:
@@ -168,7 +145,7 @@ class Peers:
         self.procs[name].terminate()
 
     def summary(self, name: str, timeout: float = 240) -> dict:
-        events = self.lines[name].events(timeout)
+        events = self.lines[name].remaining_events(timeout)
         found = [e for e in events if e.get("event") == "summary"]
         log = (self.folder / f"{name}.log").read_text()[-3000:]
         assert found, f"{name} ended without a summary (exit code {self.procs[name].poll()}): {log}"

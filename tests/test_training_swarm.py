@@ -77,7 +77,7 @@ def test_two_workers_average_gradients_and_leave_no_processes(
             )
             stderr.close()
         readers = [LineReader(proc) for proc in procs]
-        results = [reader.events(timeout=120) for reader in readers]
+        results = [reader.remaining_events(timeout=120) for reader in readers]
         codes = [proc.wait(timeout=30) for proc in procs]
     finally:
         for proc in procs:
