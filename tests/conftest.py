@@ -92,7 +92,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """Each test's CPU seconds (set-up, call and tear-down) as the JUnit property ``cpu_seconds``, which
-    ``tests/lanes.py`` ranks: on 2 cores the two lanes share the CPU, so what a test burns slows the other lane too.
+    ``tests/lanes.py`` ranks: on 2 cores the lanes share the CPU, so what a test burns slows the other lanes too.
     A lower bound: a process the test did not wait for (a daemon its peers started) is not counted."""
     if call.when == "teardown" and _CPU_AT_START in item.stash:
         item.user_properties.append(("cpu_seconds", f"{_cpu_seconds() - item.stash[_CPU_AT_START]:.1f}"))

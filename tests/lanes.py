@@ -1,24 +1,29 @@
-"""`make test`: the whole suite in two lanes that run at the same time.
+"""`make test`: the whole suite in three lanes that run at the same time.
 
 - **processes**: the tests marked ``solo`` run real peers that train for a while, for so many minutes or to so many
-  epochs (the end-to-end runs but the demo's and the background service's, and the swarm tests that assert how far
-  a swarm trains in its time). They run one at a time, in one pytest process: two training swarms side by side slow
-  each other, and these tests' bounds on how far a swarm trains assume it has the machine's spare cores.
-- **the rest**: database, HTTP, browser and unit tests, the short swarm tests (admission, leases, rogue requests,
-  state downloads, signals), the swarm tests that train a fixed number of steps and assert what those steps did
-  (averaged, with whom, the loss went down), and the demo's and the background service's end-to-end runs, which
-  assert no pace, in a second pytest process. They mostly wait on the database, a socket, a peer or the browser.
+  epochs (the end-to-end runs but the demo's, the background service's and the ALBERT run's, and the swarm tests
+  that assert how far a swarm trains in its time). They run one at a time, in one pytest process: two training
+  swarms side by side slow each other, and these tests' bounds on how far a swarm trains assume it has the
+  machine's spare cores.
+- **peers**: the other tests that start real peers, servers or a browser (marked ``swarm``, ``e2e`` or
+  ``browser``): the short swarm tests (admission, leases, rogue requests, state downloads, signals), the swarm tests
+  that train a fixed number of steps and assert what those steps did (averaged, with whom, the loss went down), the
+  demo's, the background service's and the ALBERT run's end-to-end runs, which assert no pace (the ALBERT run trains
+  so many steps and asserts what they did), and the pages in Chromium.
+- **the rest**: database, HTTP, websocket and unit tests. Both of these lanes mostly wait on the database, a socket,
+  a peer or the browser; side by side, each uses the cores the other leaves idle.
 
-The processes lane's output streams as it goes; the other lane's is printed whole when it ends. Last come the
-ten slowest tests of both lanes, the ten that used the most CPU, each lane's time and CPU, and the exit status: the
+The processes lane's output streams as it goes; each other lane's is printed whole when it ends. Last come the
+ten slowest tests of all lanes, the ten that used the most CPU, each lane's time and CPU, and the exit status: the
 first failing lane's, else 0.
 
-    python -m tests.lanes [PYTEST ARGS...]    # arguments are passed to both lanes (for example -x or -k NAME)
+    python -m tests.lanes [PYTEST ARGS...]    # arguments are passed to every lane (for example -x or -k NAME)
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -28,7 +33,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-LANES = {"processes": "solo", "the rest": "not solo"}
+LANES = {
+    "processes": "solo",
+    "peers": "not solo and (swarm or e2e or browser)",
+    "the rest": "not solo and not swarm and not e2e and not browser",
+}
 NO_TESTS = 5  # pytest's exit status when a lane's selection is empty (for example under -k): not a failure
 
 
@@ -79,46 +88,44 @@ def cases(lanes: list[Lane]) -> list[tuple[float, float, str, str]]:
 def main(args: list[str]) -> int:
     folder = Path(os.environ.get("SWARMHUB_TEST_LANES_DIR") or tempfile.mkdtemp(prefix="swarmhub-lanes-"))
     folder.mkdir(parents=True, exist_ok=True)
-    processes, rest = (Lane(name, marks, folder) for name, marks in LANES.items())
+    processes, *others = (Lane(name, marks, folder) for name, marks in LANES.items())
     began = time.monotonic()
     processes.start(args, stream=True)
-    rest.start(args, stream=False)
-    print(f"lane 'processes' ({processes.marks}) streams below; lane 'the rest' writes {rest.log}", flush=True)
+    for lane in others:
+        lane.start(args, stream=False)
+    logs = ", ".join(f"lane '{lane.name}' writes {lane.log}" for lane in others)
+    print(f"lane 'processes' ({processes.marks}) streams below; {logs}", flush=True)
 
-    rest_done = threading.Event()
+    ended: queue.Queue[Lane] = queue.Queue()
+    for lane in others:
+        threading.Thread(target=lambda lane=lane: (lane.wait(), ended.put(lane)), daemon=True).start()
+    printed: set[str] = set()
 
-    def watch_rest() -> None:
-        rest.wait()
-        rest_done.set()
-
-    threading.Thread(target=watch_rest, daemon=True).start()
-    printed_rest = False
-
-    def print_rest() -> None:
-        nonlocal printed_rest
-        print(f"\n===== lane 'the rest' ended after {rest.ended - rest.started:.0f} s =====", flush=True)
-        sys.stdout.write(rest.log.read_text(errors="replace"))
+    def print_log(lane: Lane) -> None:
+        print(f"\n===== lane '{lane.name}' ended after {lane.ended - lane.started:.0f} s =====", flush=True)
+        sys.stdout.write(lane.log.read_text(errors="replace"))
         print("===== (lane 'processes' goes on) =====\n" if processes.process.poll() is None else "", flush=True)
-        printed_rest = True
+        printed.add(lane.name)
 
     assert processes.process is not None and processes.process.stdout is not None
-    for raw in processes.process.stdout:  # whole lines: the other lane's log is printed between two of them
+    for raw in processes.process.stdout:  # whole lines: another lane's log is printed between two of them
         sys.stdout.write(raw.decode(errors="replace"))
         sys.stdout.flush()
-        if rest_done.is_set() and not printed_rest:
-            print_rest()
-    statuses = {processes.name: processes.wait(), rest.name: rest.wait()}
-    if not printed_rest:
-        print_rest()
+        while not ended.empty():
+            print_log(ended.get())
+    statuses = {lane.name: lane.wait() for lane in (processes, *others)}
+    for lane in others:
+        if lane.name not in printed:
+            print_log(lane)
 
-    found = cases([processes, rest])  # each JUnit file parsed once
-    print("\n===== the ten slowest tests of both lanes (set-up, call and tear-down) =====")
+    found = cases([processes, *others])  # each JUnit file parsed once
+    print("\n===== the ten slowest tests of all lanes (set-up, call and tear-down) =====")
     for seconds, _, name, lane_name in sorted(found, reverse=True)[:10]:
         print(f"{seconds:8.1f} s  {name}  [{lane_name}]")
-    print("===== the ten tests of both lanes that used the most CPU (the lanes share 2 cores on the CI machine) =====")
+    print("===== the ten tests of all lanes that used the most CPU (the lanes share 2 cores on the CI machine) =====")
     for seconds, cpu, name, lane_name in sorted(found, key=lambda case: case[1], reverse=True)[:10]:
         print(f"{cpu:8.1f} CPU s  {name}  [{lane_name}]")
-    for lane in (processes, rest):
+    for lane in (processes, *others):
         cpu = sum(case[1] for case in found if case[3] == lane.name)
         print(
             f"lane '{lane.name}': {lane.ended - lane.started:.0f} s, {cpu:.0f} CPU s in its tests, "

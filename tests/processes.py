@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +18,9 @@ import httpx
 import psutil
 
 from .conftest import PASSWORD, csrf_from, free_port
+from .swarm_processes import wait_healthy
 
 SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli"]
-
-
-def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "server exited during start-up"
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError("server did not become healthy")
 
 
 def signup(url: str, username: str) -> str:
@@ -86,7 +75,7 @@ def running_server(tmp_path: Path, **settings: str) -> Iterator[tuple[str, subpr
         [*SWARMHUB, "server", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
     )
     try:
-        wait_healthy(url, process)
+        wait_healthy(url, process, log=tmp_path / "server.log")
         yield url, process
     finally:
         if process.poll() is None:
@@ -95,13 +84,27 @@ def running_server(tmp_path: Path, **settings: str) -> Iterator[tuple[str, subpr
         log.close()
 
 
-def wait_volunteers(workers: list[tuple[str, Any, subprocess.Popen]], tmp: Path) -> tuple[set[int], dict[str, str]]:
-    """Wait for every worker to end; returns the PIDs of every process they started, and their output."""
+def wait_volunteers(
+    workers: list[tuple[str, Any, subprocess.Popen]], tmp: Path, until: Callable[[], bool] | None = None
+) -> tuple[set[int], dict[str, str]]:
+    """Wait for every worker to end; returns the PIDs of every process they started, and their output.
+
+    ``until``: once it holds (checked every second), each worker still running gets Ctrl-C: it leaves the swarm
+    cleanly, prints its summary and exits 130. A run of so much progress, not so many minutes: its
+    ``--max-minutes`` is then a bound, which a slow machine may reach first."""
     seen_children: set[int] = set()
     deadline = time.monotonic() + 300
+    checked, stopped = 0.0, until is None
     for _, _, process in workers:
         while process.poll() is None and time.monotonic() < deadline:
             seen_children |= descendants(process)
+            if not stopped and time.monotonic() - checked >= 1.0:
+                checked = time.monotonic()
+                if until is not None and until():
+                    stopped = True
+                    for _, _, running in workers:
+                        if running.poll() is None:
+                            running.send_signal(signal.SIGINT)
             time.sleep(0.5)
     outputs = {}
     for name, out, _ in workers:
@@ -109,6 +112,15 @@ def wait_volunteers(workers: list[tuple[str, Any, subprocess.Popen]], tmp: Path)
         outputs[name] = (tmp / f"{name}.out").read_text(errors="replace")
         assert "Traceback" not in outputs[name]
     return seen_children, outputs
+
+
+def last_epoch(output: Path) -> int:
+    """The swarm epoch of the last progress line `swarmhub join` printed to ``output`` (-1 before the first)."""
+    try:
+        found = re.findall(r"^epoch (\d+) \|", output.read_text(errors="replace"), flags=re.MULTILINE)
+    except FileNotFoundError:
+        return -1
+    return int(found[-1]) if found else -1
 
 
 DIGITS_SLUG = "e2e-digits"

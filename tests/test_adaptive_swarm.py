@@ -115,7 +115,7 @@ def summary_of(events: list[dict[str, Any]]) -> dict[str, Any]:
     return events[-1]
 
 
-# a fixed number of steps, not minutes: it runs beside the other lane (tests/lanes.py)
+# a fixed number of steps, not minutes: it runs beside the solo lane (tests/lanes.py)
 def test_mixed_precision_peers_and_an_auxiliary_peer_average_together(swarm_peer: Swarm, tmp_path: Path) -> None:
     """An fp32 peer and a bf16 peer train together (parameters and averaged tensors are fp32 on both), and an
     auxiliary peer (no gradients, measured bandwidth) joins their averaging groups."""
@@ -142,7 +142,7 @@ def test_mixed_precision_peers_and_an_auxiliary_peer_average_together(swarm_peer
     assert workers.procs["aux"].returncode == 0, workers.stderr("aux")
 
 
-# a fixed number of steps, not minutes: it runs beside the other lane (tests/lanes.py)
+# a fixed number of steps, not minutes: it runs beside the solo lane (tests/lanes.py)
 def test_delayed_averaging_trains_together(swarm_peer: Swarm, tmp_path: Path) -> None:
     workers = Workers(swarm_peer, tmp_path, overlap=Overlap.delayed_averaging)
     try:

@@ -52,7 +52,7 @@ sys.exit(code)
 """
 
 
-# a fixed number of steps, not minutes: it runs beside the other lane (tests/lanes.py)
+# a fixed number of steps, not minutes: it runs beside the solo lane (tests/lanes.py)
 @pytest.mark.parametrize("modes", [("public", "public"), ("public", "client")], ids=["public", "one-client"])
 def test_two_workers_average_gradients_and_leave_no_processes(
     swarm_peer: Swarm, tmp_path: Path, modes: tuple[str, str]
