@@ -258,6 +258,12 @@ def report(
     for i, (curve, _) in enumerate(swarms):
         print(f"  swarm {i + 1}          " + " ".join(f"{x / 1000:,.0f}:{y:.3f}" for x, y in curve))
     print(f"worst checkpoint, swarm/single: {worst:.1%} off (target within 5%): {c.verdict(worst <= 0.05)}")
+    batches = [facts["batch"] / TARGET_BATCH_SIZE for _, facts in swarms]
+    print(
+        "mean global batch / target_batch_size, each repeat: "
+        + ", ".join(f"{b:.3f}" for b in batches)
+        + f" (target <= 1.05 in every repeat): {c.verdict(all(b <= 1.05 for b in batches))}"
+    )
 
 
 if __name__ == "__main__":

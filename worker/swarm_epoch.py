@@ -14,6 +14,7 @@ from . import robust, swarm_access
 
 logger = logging.getLogger(__name__)
 ROSTER_CACHE_SECONDS = 10.0
+ROSTER_UNKNOWN_SECONDS = 1.0  # at most this often when a record is signed by a peer the last read did not hold
 # At most one signed progress record per this many seconds from a training peer (besides the epoch's first and its
 # final count): hivemind stores one after every step, and each costs the peer's DHT process, its p2pd and every
 # receiving peer a signature and a check.
@@ -42,9 +43,16 @@ class Roster:
         self._names: dict[str, str] = {}
         self._read_at = -math.inf
 
-    def usernames(self) -> dict[str, str]:
-        """Peer ID -> username, for every peer on the roster."""
-        if time.monotonic() - self._read_at >= ROSTER_CACHE_SECONDS:
+    def usernames(self, needed: Iterable[str] = ()) -> dict[str, str]:
+        """Peer ID -> username, for every peer on the roster. Read again every ``ROSTER_CACHE_SECONDS``, and at most
+        every ``ROSTER_UNKNOWN_SECONDS`` when one of ``needed`` (the signers of the records about to be read) is on no
+        entry read so far: a peer that just joined counts towards the swarm's batch from its first record, not from
+        this peer's next scheduled read (until then its samples would go uncounted, and this peer would keep
+        accumulating past the target)."""
+        age = time.monotonic() - self._read_at
+        if age >= ROSTER_CACHE_SECONDS or (
+            age >= ROSTER_UNKNOWN_SECONDS and any(peer not in self._names for peer in needed)
+        ):
             guard = swarm_access.RosterGuard(self.experiment_key, self.run_id)
             try:
                 guard.admit(self.dht.get(swarm_access.roster_key(self.run_id), latest=True))
@@ -52,7 +60,7 @@ class Roster:
                 logger.warning("could not read the swarm's roster: %r", exc)
             else:
                 self._names = dict(guard._usernames)
-                self._read_at = time.monotonic()
+            self._read_at = time.monotonic()  # a failed read is not retried at every step either
         if self.denied is None:
             return self._names
         return {peer: name for peer, name in self._names.items() if name not in self.denied}
@@ -288,7 +296,8 @@ def make_tracker_class() -> type:
 
         def _parse_swarm_progress_data(self, metadata: Any) -> Any:
             try:
-                names = self.roster.usernames()
+                signers = {owner_peer_id(subkey) for subkey in metadata} if isinstance(metadata, dict) else set()
+                names = self.roster.usernames(needed={peer for peer in signers if peer})
                 kept, self.epoch_bound, ahead = bounded_progress(
                     metadata,
                     names,
