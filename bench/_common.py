@@ -42,6 +42,7 @@ from tests.swarm_processes import (  # noqa: E402
     make_join,
     tagged_env,
     wait_gone,
+    wait_healthy,
 )
 
 WORKER_SCRIPT = Path(__file__).resolve().with_name("_worker.py")
