@@ -42,8 +42,8 @@ from tests.swarm_processes import (  # noqa: E402
     make_join,
     tagged_env,
     wait_gone,
-    wait_healthy,
 )
+from tests.swarm_processes import wait_healthy as wait_healthy  # noqa: E402 - for the server benchmarks
 
 WORKER_SCRIPT = Path(__file__).resolve().with_name("_worker.py")
 
