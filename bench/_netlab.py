@@ -218,15 +218,21 @@ def _emit(event: dict[str, Any]) -> None:
 
 
 def run_probe_server(host: str, port: int) -> None:
+    from types import SimpleNamespace
+
     import uvicorn
     from fastapi import FastAPI
 
     from swarmhub.server import deps
+    from swarmhub.server.ratelimit import LIMITS, RateLimiter
     from swarmhub.server.routes import probe
 
     app = FastAPI()
     app.include_router(probe.router)
-    app.dependency_overrides[deps.api_user] = lambda: None  # the probes' login is not what is measured here
+    # The probes' login and their per-account rate limit are not what is measured here: every peer is one account
+    # (id 0), and the limiter lets every request through.
+    app.dependency_overrides[deps.api_user] = lambda: SimpleNamespace(id=0)
+    app.state.services = SimpleNamespace(ratelimiter=RateLimiter({action: (10**9, 1.0) for action in LIMITS}))
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
 
     def announce() -> None:

@@ -5,13 +5,13 @@
   that assert how far a swarm trains in its time). They run one at a time, in one pytest process: two training
   swarms side by side slow each other, and these tests' bounds on how far a swarm trains assume it has the
   machine's spare cores.
-- **peers**: the other tests that start real peers, servers or a browser (marked ``swarm``, ``e2e`` or
-  ``browser``): the short swarm tests (admission, leases, rogue requests, state downloads, signals), the swarm tests
-  that train a fixed number of steps and assert what those steps did (averaged, with whom, the loss went down), the
-  demo's, the background service's and the ALBERT run's end-to-end runs, which assert no pace (the ALBERT run trains
-  so many steps and asserts what they did), and the pages in Chromium.
-- **the rest**: database, HTTP, websocket and unit tests. Both of these lanes mostly wait on the database, a socket,
-  a peer or the browser; side by side, each uses the cores the other leaves idle.
+- **peers**: the other tests that start real peers or servers (marked ``swarm`` or ``e2e``): the short swarm tests
+  (admission, leases, rogue requests, state downloads, signals), the swarm tests that train a fixed number of steps
+  and assert what those steps did (averaged, with whom, the loss went down), the demo's, the background service's
+  and the ALBERT run's end-to-end runs, which assert no pace (the ALBERT run trains so many steps and asserts what
+  they did).
+- **the rest**: database, HTTP, websocket and unit tests, and the pages in Chromium. Both of these lanes mostly wait
+  on the database, a socket, a peer or the browser; side by side, each uses the cores the other leaves idle.
 
 The processes lane's output streams as it goes; each other lane's is printed whole when it ends. Last come the
 ten slowest tests of all lanes, the ten that used the most CPU, each lane's time and CPU, and the exit status: the
@@ -35,8 +35,8 @@ from pathlib import Path
 
 LANES = {
     "processes": "solo",
-    "peers": "not solo and (swarm or e2e or browser)",
-    "the rest": "not solo and not swarm and not e2e and not browser",
+    "peers": "not solo and (swarm or e2e)",
+    "the rest": "not solo and not swarm and not e2e",
 }
 NO_TESTS = 5  # pytest's exit status when a lane's selection is empty (for example under -k): not a failure
 
