@@ -41,18 +41,20 @@ class Roster:
         self.own_username = own_username
         self.denied = denied
         self._names: dict[str, str] = {}
+        self._not_found: set[str] = set()  # signers the last read was asked for and did not find
         self._read_at = -math.inf
 
     def usernames(self, needed: Iterable[str] = ()) -> dict[str, str]:
         """Peer ID -> username, for every peer on the roster. Read again every ``ROSTER_CACHE_SECONDS``, and at most
         every ``ROSTER_UNKNOWN_SECONDS`` when one of ``needed`` (the signers of the records about to be read) is on no
-        entry read so far: a peer that just joined counts towards the swarm's batch from its first record, not from
-        this peer's next scheduled read (until then its samples would go uncounted, and this peer would keep
-        accumulating past the target)."""
+        entry read so far and was not already looked for: a peer that just joined counts towards the swarm's batch
+        from its first record, not from this peer's next scheduled read (until then its samples would go uncounted,
+        and this peer would keep accumulating past the target). A signer that a read did not find (a peer on no
+        roster entry) is looked for again only at the scheduled reads, so its records cost no extra reads."""
+        wanted = set(needed)
+        new = wanted - self._names.keys() - self._not_found
         age = time.monotonic() - self._read_at
-        if age >= ROSTER_CACHE_SECONDS or (
-            age >= ROSTER_UNKNOWN_SECONDS and any(peer not in self._names for peer in needed)
-        ):
+        if age >= ROSTER_CACHE_SECONDS or (new and age >= ROSTER_UNKNOWN_SECONDS):
             guard = swarm_access.RosterGuard(self.experiment_key, self.run_id)
             try:
                 guard.admit(self.dht.get(swarm_access.roster_key(self.run_id), latest=True))
@@ -60,6 +62,7 @@ class Roster:
                 logger.warning("could not read the swarm's roster: %r", exc)
             else:
                 self._names = dict(guard._usernames)
+                self._not_found = (wanted or self._not_found) - self._names.keys()  # of the records read now
             self._read_at = time.monotonic()  # a failed read is not retried at every step either
         if self.denied is None:
             return self._names
