@@ -198,9 +198,11 @@ def test_forged_records_earn_nothing_and_flagged_volunteers_are_removed(tmp_path
         def removed() -> list[str]:
             return httpx.get(f"{url}/api/experiments/{SLUG}/denylist", headers=organizer).json()["usernames"]
 
+        def ada_trained_past_nina() -> bool:
+            return last_epoch(tmp_path / "ada.out") >= 10 and "nina" in removed()
+
         # ada trains on through mallory's whole minute, until nina is removed and ada is 10 epochs in (1.5 min bound)
-        until = lambda: last_epoch(tmp_path / "ada.out") >= 10 and "nina" in removed()  # noqa: E731
-        seen_children, outputs = wait_volunteers(workers, tmp_path, until=until)
+        seen_children, outputs = wait_volunteers(workers, tmp_path, until=ada_trained_past_nina)
         token = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
         board = httpx.get(
             f"{url}/api/experiments/{SLUG}/leaderboard",
@@ -282,18 +284,18 @@ def test_a_forger_first_in_a_swarm_without_the_witness_stalls_no_one_for_long(tm
         workers = start_volunteers(url, tmp_path, ("ada", None), ("bob", None))
         assert forged(forger) >= 30
 
-        def logs() -> dict[str, str]:
+        def read_logs() -> dict[str, str]:
             paths = {name: tmp_path / name / "logs" / f"{SLUG}.log" for name in ("ada", "bob")}
             return {name: path.read_text(errors="replace") if path.exists() else "" for name, path in paths.items()}
 
         def trained_past_her() -> bool:
             if any(last_epoch(tmp_path / f"{name}.out") < 10 for name in ("ada", "bob")):
                 return False
-            return any("found no state at the epoch" in log for log in logs().values())
+            return any("found no state at the epoch" in log for log in read_logs().values())
 
         # through mallory's whole minute, until both are 10 epochs in and left her records out (1.5 min bound)
         seen_children, outputs = wait_volunteers(workers, tmp_path, until=trained_past_her)
-    logs = logs()
+    logs = read_logs()
     # they followed her records (hers were the only other account's), found no state at her epoch and left them out
     assert any("found no state at the epoch" in log for log in logs.values()), outputs
     for name in ("ada", "bob"):
