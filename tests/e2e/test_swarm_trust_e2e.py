@@ -195,14 +195,9 @@ def test_forged_records_earn_nothing_and_flagged_volunteers_are_removed(tmp_path
         workers = start_volunteers(url, tmp_path, ("ada", None), ("nina", NAN_WORKER))
         assert forged(forger) >= 30  # once a second for 60 s: at least half of them stored, on a busy machine
 
-        def removed() -> list[str]:
-            return httpx.get(f"{url}/api/experiments/{SLUG}/denylist", headers=organizer).json()["usernames"]
-
-        def ada_trained_past_nina() -> bool:
-            return last_epoch(tmp_path / "ada.out") >= 10 and "nina" in removed()
-
-        # ada trains on through mallory's whole minute, until nina is removed and ada is 10 epochs in (1.5 min bound)
-        seen_children, outputs = wait_volunteers(workers, tmp_path, until=ada_trained_past_nina)
+        # Her whole 1.5 min: the credit asserted below is a share of all she contributed, which a run stopped as
+        # soon as she is 10 epochs in does not bound (one such run had her contribute 1,312 samples, 288 credited).
+        seen_children, outputs = wait_volunteers(workers, tmp_path)
         token = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
         board = httpx.get(
             f"{url}/api/experiments/{SLUG}/leaderboard",
@@ -223,7 +218,7 @@ def test_forged_records_earn_nothing_and_flagged_volunteers_are_removed(tmp_path
     assert not any("refused data" in flag for flag in rows["ada"]["flags"]), board
     assert rows["nina"]["samples"] == 0, board  # none of her rounds' parts were finite
     processes = {name: process for name, _, process in workers}
-    assert processes["ada"].returncode in (0, 130), outputs["ada"][-3000:]  # 130: stopped by Ctrl-C, as planned
+    assert processes["ada"].returncode == 0, outputs["ada"][-3000:]
     assert denied == {"usernames": ["nina"]}, denied  # removed by the organizer's rule, and no one else
     assert outlived(seen_children) == set()
 
