@@ -68,10 +68,12 @@ def corpora_on_disk(settings) -> list[Path]:
     return sorted(folder.iterdir()) if folder.exists() else []
 
 
-def observe(db: Any, experiment_id: int, now: Any, *records: tuple[str, str, int, int]) -> None:
+def observe(
+    db: Any, experiment_id: int, now: Any, *records: tuple[str, str, int, int], samples_per_second: float = 40.0
+) -> None:
     """What the monitor peer read of the swarm's signed progress records: (username, peer, epoch, samples)."""
     items = [
-        {"peer_id": peer, "username": name, "epoch": epoch, "samples": samples, "samples_per_second": 40.0,
+        {"peer_id": peer, "username": name, "epoch": epoch, "samples": samples, "samples_per_second": samples_per_second,
          "time": now.timestamp()}
         for name, peer, epoch, samples in records
     ]  # fmt: skip

@@ -71,3 +71,95 @@ def test_doctor_warns_when_this_machine_alone_outruns_the_cap():
     assert throttled.fix.startswith("ask the organizer to raise the target batch size to at least")
     ample = doctor.check_throughput(_detail(1_048_576, 0.5), torch.device("cpu"), seconds=0.5)
     assert ample.status == doctor.OK and "samples/s on 'digits'" in ample.detail, ample
+
+
+# -- the task's proposal ---------------------------------------------------------------------------------------------
+
+
+def test_an_experiment_created_without_settings_gets_its_tasks_proposal(client, db):
+    make_user(db, "olga")
+    headers = api_token(client, "olga")
+    digits = client.post("/api/experiments", headers=headers, json={"slug": "plain", "title": "Plain"})
+    assert digits.status_code == 201, digits.text
+    body = digits.json()
+    proposal = client.get("/api/tasks/digits/proposal").json()
+    assert (body["target_batch_size"], body["matchmaking_time"], body["averaging_timeout"]) == (
+        proposal["target_batch_size"], proposal["matchmaking_time"], proposal["averaging_timeout"]
+    )  # fmt: skip
+    # the plain defaults (256 per 3 s) would cap the swarm at 85 samples/s; one reference peer trains ~100,000
+    assert body["max_swarm_samples_per_second"] >= body["proposal"]["reference_samples_per_second"]
+    assert body["warnings"] == []
+    albert = client.post(
+        "/api/experiments",
+        headers=headers,
+        json={"slug": "words", "title": "Words", "task": "albert-mlm", "task_params": {"size": "tiny"}},
+    ).json()
+    assert (albert["target_batch_size"], albert["matchmaking_time"], albert["averaging_timeout"]) == (8192, 5.0, 60.0)
+    # what the organizer sets is kept; only the settings left out are proposed
+    mine = client.post(
+        "/api/experiments", headers=headers, json={"slug": "mine", "title": "Mine", "target_batch_size": 64}
+    ).json()
+    assert (mine["target_batch_size"], mine["matchmaking_time"]) == (64, proposal["matchmaking_time"])
+
+
+def test_the_proposal_keeps_the_planned_swarm_unthrottled(client):
+    for task, params in (
+        ("digits", {}),
+        ("digits", {"hidden_size": 4096, "batch_size": 32}),
+        ("albert-mlm", {"size": "tiny"}),
+        ("albert-mlm", {"size": "large"}),
+    ):
+        for peers in (1, 8, 300):
+            answer = client.get(f"/api/tasks/{task}/proposal", params={**params, "planned_peers": peers})
+            assert answer.status_code == 200, answer.text
+            p = answer.json()
+            assert p["planned_peers"] == peers
+            assert p["rate_cap"] == p["target_batch_size"] / p["matchmaking_time"]
+            # unthrottled: the cap holds the planned peers' rate, unless the largest target allowed is not enough
+            assert p["rate_cap"] >= peers * p["reference_samples_per_second"] or p["target_batch_size"] == 1_048_576
+            assert p["unthrottled_peers"] == round(p["rate_cap"] / p["reference_samples_per_second"], 1)
+    one, many = (client.get("/api/tasks/albert-mlm/proposal", params={"size": "tiny", "planned_peers": n}).json()
+                 for n in (8, 300))  # fmt: skip
+    assert many["target_batch_size"] > one["target_batch_size"]
+    # a wider digits model trains fewer samples a second, so the same swarm needs a smaller batch
+    narrow, wide = (client.get("/api/tasks/digits/proposal", params={"hidden_size": h, "planned_peers": 1}).json()
+                    for h in (64, 4096))  # fmt: skip
+    assert wide["reference_samples_per_second"] < narrow["reference_samples_per_second"]
+
+
+def test_a_bad_proposal_question_names_what_is_wrong(client):
+    wrong = client.get("/api/tasks/digits/proposal", params={"hidden_size": "wide"})
+    assert wrong.status_code == 422 and wrong.json()["detail"][0]["loc"] == ["query", "hidden_size"]
+    unknown = client.get("/api/tasks/digits/proposal", params={"layers": 3})
+    assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["query", "layers"]
+    peers = client.get("/api/tasks/digits/proposal", params={"planned_peers": 0})
+    assert peers.status_code == 422 and peers.json()["detail"][0]["loc"] == ["query", "planned_peers"]
+    missing = client.get("/api/tasks/no-such-task/proposal")
+    assert missing.status_code == 404 and missing.json()["field"] == "task"
+
+
+def test_the_api_warns_when_the_settings_cap_the_swarm_below_one_peer(client, db):
+    olga = make_user(db, "olga")
+    make_user(db, "alice")
+    headers = api_token(client, "olga")
+    experiment = make_experiment(db, olga, slug="held", status="paused", target_batch_size=1_048_576)
+    assert client.get("/api/experiments/held", headers=headers).json()["warnings"] == []
+    # below one reference peer: told at once, before anyone joined
+    changed = client.patch("/api/experiments/held", headers=headers, json={"target_batch_size": 256})
+    assert changed.status_code == 200, changed.text
+    (warning,) = changed.json()["warnings"]
+    assert warning["field"] == "target_batch_size"
+    assert "caps the whole swarm at 128 samples/s" in warning["message"]
+    assert "one reference peer (one CPU thread) trains on this task" in warning["message"]
+    # a wide model's reference peer is slower than this cap, but a peer of the swarm has signed 500,000 samples/s
+    client.patch(
+        "/api/experiments/held",
+        headers=headers,
+        json={"task_params": {"hidden_size": 4096, "batch_size": 32}, "target_batch_size": 65_536},
+    )
+    observe(db, experiment.id, utcnow() - timedelta(seconds=1), ("alice", "QmAlice", 0, 64), samples_per_second=5e5)
+    (warning,) = client.get("/api/experiments/held", headers=headers).json()["warnings"]
+    assert "one peer of this experiment alone has trained: raise it to at least 1,000,000" in warning["message"]
+    # that rate is the organizer's to see, as on the experiment page
+    assert client.get("/api/experiments/held").json()["warnings"] == []
+    assert client.get("/api/experiments/held", headers=api_token(client, "alice")).json()["warnings"] == []

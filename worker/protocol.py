@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
 SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{1,48}[a-z0-9])$")
 MAX_REPORT_BYTES = 4096  # one metric message on the websocket; anything larger is refused
@@ -60,6 +60,7 @@ class PeerRole(str, Enum):
     auxiliary = "auxiliary"  # lends bandwidth: averages with the trainers, computes no gradients
 
 
+MAX_TARGET_BATCH_SIZE = 1_048_576  # samples per optimizer step: the largest target an experiment may set
 MAX_BANDWIDTH_MBPS = 1_000_000.0  # 1 Tbit/s: above any link a volunteer has
 
 
@@ -73,7 +74,11 @@ class TrainingSettings(BaseModel):
     optimizer: OptimizerName = OptimizerName.adam
     learning_rate: float = Field(default=1e-3, gt=0, le=10)
     target_batch_size: int = Field(
-        default=256, ge=1, le=1_048_576, description="Samples the whole swarm accumulates per optimizer step"
+        default=256,
+        ge=1,
+        le=MAX_TARGET_BATCH_SIZE,
+        description="Samples the whole swarm accumulates per optimizer step (an experiment created without it gets "
+        "its task's proposal: Task.proposal)",
     )
     matchmaking_time: float = Field(
         default=3.0, ge=0.5, le=120, description="Seconds peers wait to form an averaging group"
@@ -104,6 +109,60 @@ def unthrottled_batch(samples_per_second: float, matchmaking_time: float) -> int
     """The smallest target batch size at which the rate cap (:func:`swarm_rate_cap`) does not hold back a peer
     that trains ``samples_per_second``."""
     return math.ceil(samples_per_second * matchmaking_time)
+
+
+DEFAULT_PLANNED_PEERS = 8  # the swarm size a task's proposal is sized for, unless the organizer plans another
+
+
+def next_power_of_two(value: float) -> int:
+    return 1 << max(math.ceil(value) - 1, 0).bit_length()
+
+
+class SettingsProposal(BaseModel):
+    """A task's proposed swarm settings (``Task.proposal``): a target batch size large enough that a swarm of
+    ``planned_peers`` peers, each as fast as the task's reference peer, trains without waiting on the epoch-length
+    guard (``swarm_rate_cap``), and the timings that go with it."""
+
+    target_batch_size: int = Field(ge=1, le=MAX_TARGET_BATCH_SIZE)
+    matchmaking_time: float
+    averaging_timeout: float
+    reference_samples_per_second: float = Field(
+        description="What one reference peer (one CPU thread of bench/task_rates.py's machine, a bare PyTorch loop) "
+        "trains on this task with these parameters: the estimate the proposal is sized with"
+    )
+    planned_peers: int = Field(ge=1)
+
+    @computed_field(description="The most samples/s the whole swarm trains at with these settings (swarm_rate_cap)")
+    def rate_cap(self) -> float:
+        return swarm_rate_cap(self.target_batch_size, self.matchmaking_time)
+
+    @computed_field(
+        description="How many reference peers these settings keep bound by compute: planned_peers or more, fewer "
+        "only where the largest target batch size allowed is not enough"
+    )
+    def unthrottled_peers(self) -> float:
+        return round(self.rate_cap / max(self.reference_samples_per_second, 1e-9), 1)
+
+
+def propose(
+    reference_samples_per_second: float,
+    *,
+    matchmaking_time: float,
+    averaging_timeout: float,
+    planned_peers: int = DEFAULT_PLANNED_PEERS,
+    at_least: int = 1,
+) -> SettingsProposal:
+    """The smallest power-of-two target batch size that lets ``planned_peers`` reference peers train unthrottled:
+    at least ``unthrottled_batch(planned_peers * rate, matchmaking_time)`` and ``at_least``, at most
+    ``MAX_TARGET_BATCH_SIZE``."""
+    needed = max(unthrottled_batch(planned_peers * reference_samples_per_second, matchmaking_time), at_least)
+    return SettingsProposal(
+        target_batch_size=min(next_power_of_two(needed), MAX_TARGET_BATCH_SIZE),
+        matchmaking_time=matchmaking_time,
+        averaging_timeout=averaging_timeout,
+        reference_samples_per_second=round(reference_samples_per_second, 1),
+        planned_peers=planned_peers,
+    )
 
 
 class ExperimentConfig(TrainingSettings):

@@ -18,6 +18,7 @@ from .lifecycle import (
     can_view,
     change_status,
     create,
+    fastest_peer_rate,
     get_managed,
     get_visible,
     keeps_checkpoints,
@@ -40,6 +41,7 @@ from .membership import (
 )
 from .schemas import (
     DEFAULT_MAX_PEERS_PER_VOLUNTEER,
+    PROPOSED_FIELDS,
     TRAINING_FIELDS,
     ExperimentCreate,
     ExperimentFields,
@@ -47,12 +49,16 @@ from .schemas import (
     ExperimentUpdate,
     JoinPolicy,
     StatusChange,
+    proposal_for,
     to_config,
     to_public,
 )
 
 __all__ = [
     "join",
+    "PROPOSED_FIELDS",
+    "proposal_for",
+    "fastest_peer_rate",
     "DEFAULT_MAX_PEERS_PER_VOLUNTEER",
     "Experiment",
     "MIN_PEER_KEY_BITS",

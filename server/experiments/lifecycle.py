@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from swarmhub.worker import swarm_tokens
@@ -13,7 +13,7 @@ from swarmhub.worker.protocol import ExperimentStatus
 from swarmhub.worker.tasks import UnknownTask, get_task
 
 from ..errors import Conflict, Forbidden, NotFound
-from ..models import Corpus, Experiment, User
+from ..models import Corpus, Experiment, User, VolunteerTotal
 from .schemas import TRAINING_FIELDS, ExperimentCreate, ExperimentFields, ExperimentUpdate
 
 # Which status an action moves an experiment to, and from which statuses it may.
@@ -22,6 +22,16 @@ TRANSITIONS: dict[str, tuple[set[ExperimentStatus], ExperimentStatus]] = {
     "pause": ({ExperimentStatus.running}, ExperimentStatus.paused),
     "finish": ({ExperimentStatus.draft, ExperimentStatus.running, ExperimentStatus.paused}, ExperimentStatus.finished),
 }
+
+
+def fastest_peer_rate(session: Session, experiment: Experiment) -> float:
+    """The highest samples/s any volunteer's peer has signed in this experiment's swarm (0 before any)."""
+    rate = session.scalar(
+        select(func.max(VolunteerTotal.peak_signed_samples_per_second)).where(
+            VolunteerTotal.experiment_id == experiment.id
+        )
+    )
+    return float(rate or 0.0)
 
 
 def needs_corpus(experiment: Experiment) -> bool:

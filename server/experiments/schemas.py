@@ -7,15 +7,26 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from swarmhub.worker.protocol import (
     SLUG_RE,
     ExperimentConfig,
     ExperimentStatus,
     ExperimentSummary,
+    SettingsProposal,
     TrainingSettings,
     swarm_rate_cap,
+    unthrottled_batch,
 )
 from swarmhub.worker.tasks import UnknownTask, get_task
 
@@ -110,8 +121,32 @@ class ExperimentFields(TrainingSettings):
         return _check_task_params(info.data["task"], value)
 
 
+PROPOSED_FIELDS = ("target_batch_size", "matchmaking_time", "averaging_timeout")
+
+
+def proposal_for(task: str, task_params: dict[str, Any]) -> SettingsProposal | None:
+    """The task's proposed settings for these parameters, for the default planned swarm (None for a task that is
+    not installed here, or whose parameters its installed version no longer takes)."""
+    try:
+        return get_task(task)(task_params).proposal()
+    except (UnknownTask, ValidationError):
+        return None
+
+
 class ExperimentCreate(ExperimentFields):
     slug: str = Field(min_length=3, max_length=50, description="lowercase letters, digits and '-'")
+
+    @model_validator(mode="after")
+    def _task_proposal(self) -> ExperimentCreate:
+        """An experiment created without a target batch size or timings gets its task's proposal for them
+        (``Task.proposal``: a swarm of ``DEFAULT_PLANNED_PEERS`` reference peers trains unthrottled), not the plain
+        defaults, which cap a swarm far below what one peer computes on a small task."""
+        unset = [name for name in PROPOSED_FIELDS if name not in self.model_fields_set]
+        proposal = proposal_for(self.task, self.task_params) if unset else None
+        if proposal is not None:
+            for name in unset:
+                setattr(self, name, getattr(proposal, name))
+        return self
 
     @field_validator("slug")
     @classmethod
@@ -141,6 +176,42 @@ class ExperimentUpdate(_UpdateFields):  # type: ignore[misc, valid-type]
     """A partial edit. Bounds are checked once, on the merged result, by ``ExperimentFields``."""
 
 
+class SettingWarning(BaseModel):
+    field: str
+    message: str
+
+
+def setting_warnings(
+    experiment: Experiment, proposal: SettingsProposal | None, fastest_peer_rate: float
+) -> list[SettingWarning]:
+    """What the organizer is told when the settings cap the swarm below one peer: the task's reference peer (known
+    before anyone joins) or the fastest peer of this experiment (its signed progress records)."""
+    target, matchmaking = experiment.target_batch_size, experiment.matchmaking_time
+    cap = swarm_rate_cap(target, matchmaking)
+    found = []
+    if proposal is not None and cap < proposal.reference_samples_per_second:
+        rate = proposal.reference_samples_per_second
+        found.append(
+            SettingWarning(
+                field="target_batch_size",
+                message=f"caps the whole swarm at {cap:,.0f} samples/s, below the {rate:,.0f} samples/s that one "
+                f"reference peer (one CPU thread) trains on this task: the swarm would wait instead of training. "
+                f"Raise it to at least {unthrottled_batch(rate, matchmaking):,} (the task proposes "
+                f"{proposal.target_batch_size:,} for {proposal.planned_peers} such peers)",
+            )
+        )
+    if fastest_peer_rate > cap:
+        found.append(
+            SettingWarning(
+                field="target_batch_size",
+                message=f"caps the whole swarm at {cap:,.0f} samples/s, below the {fastest_peer_rate:,.0f} samples/s "
+                f"one peer of this experiment alone has trained: raise it to at least "
+                f"{unthrottled_batch(fastest_peer_rate, matchmaking):,}",
+            )
+        )
+    return found
+
+
 class ExperimentPublic(ExperimentSummary, TrainingSettings):
     """An experiment as ``GET /api/experiments/{slug}`` shows it: its summary, its training settings (one
     definition, ``TrainingSettings``) and the organizer's other settings."""
@@ -158,13 +229,25 @@ class ExperimentPublic(ExperimentSummary, TrainingSettings):
         "matchmaking_time between optimizer steps, so the swarm gathers at most target_batch_size samples per "
         "matchmaking_time. Set it above the swarm's hardware, or it waits instead of training."
     )
+    proposal: SettingsProposal | None = Field(
+        description="The task's proposed target batch size and timings for these task parameters (a swarm of "
+        "planned_peers reference peers trains unthrottled); null for a task without a reference rate"
+    )
+    warnings: list[SettingWarning] = Field(
+        default_factory=list,
+        description="Settings that hold the swarm back: the rate cap below what one reference peer trains on this "
+        "task, or below the fastest rate a peer of this experiment has signed",
+    )
 
 
 class StatusChange(BaseModel):
     action: str = Field(pattern="^(start|pause|finish)$")
 
 
-def to_public(experiment: Experiment) -> ExperimentPublic:
+def to_public(experiment: Experiment, fastest_peer_rate: float = 0.0) -> ExperimentPublic:
+    """The API's view of an experiment; ``fastest_peer_rate`` (the highest rate its peers have signed) adds the
+    warning when the settings hold that peer back."""
+    proposal = proposal_for(experiment.task, experiment.task_params)
     return ExperimentPublic(
         slug=experiment.slug,
         title=experiment.title,
@@ -178,6 +261,8 @@ def to_public(experiment: Experiment) -> ExperimentPublic:
         auto_remove_flags=experiment.auto_remove_flags,
         join_policy=JoinPolicy(experiment.join_policy),
         max_swarm_samples_per_second=swarm_rate_cap(experiment.target_batch_size, experiment.matchmaking_time),
+        proposal=proposal,
+        warnings=setting_warnings(experiment, proposal, fastest_peer_rate),
         created_at=experiment.created_at,
         updated_at=experiment.updated_at,
     )

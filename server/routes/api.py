@@ -13,13 +13,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from swarmhub.worker.choice import JoinableExperiment
+from swarmhub.worker.tasks import UnknownTask, get_task
 from swarmhub.worker.protocol import (
+    DEFAULT_PLANNED_PEERS,
     DenyListPublic,
     DeviceCode,
     ExperimentSummary,
     JoinRequest,
     JoinResponse,
     Me,
+    SettingsProposal,
     SwarmToken,
     SwarmTokenRequest,
     TokenResponse,
@@ -27,7 +30,7 @@ from swarmhub.worker.protocol import (
 
 from .. import accounts, device, experiments, leases, metrics, quotas, swarm_view
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, api_token, reconcile_after_commit
-from ..errors import BadRequest, documented
+from ..errors import BadRequest, NotFound, documented
 from ..ratelimit import limited, limited_per_account
 from ..security import StoredText
 from ..services import services
@@ -196,6 +199,31 @@ def list_experiments(session: DB, user: OptionalUser) -> list[ExperimentSummary]
     return [experiments.to_public(e) for e in experiments.list_visible(session, user)]
 
 
+MAX_PLANNED_PEERS = 100_000
+
+
+@router.get("/tasks/{task}/proposal", response_model=SettingsProposal)
+def task_proposal(
+    task: str,
+    request: Request,
+    planned_peers: Annotated[int, Query(ge=1, le=MAX_PLANNED_PEERS)] = DEFAULT_PLANNED_PEERS,
+) -> SettingsProposal:
+    """The target batch size and timings a task proposes for a swarm of ``planned_peers`` peers as fast as its
+    reference peer; the task's parameters are the other query parameters (its defaults where absent)."""
+    try:
+        task_class = get_task(task)
+    except UnknownTask as exc:
+        raise NotFound(str(exc), field="task") from None
+    params = {k: v for k, v in request.query_params.items() if k != "planned_peers"}
+    try:
+        proposal = task_class(params).proposal(planned_peers)
+    except ValidationError as exc:
+        raise RequestValidationError([{**err, "loc": ("query", *err["loc"])} for err in exc.errors()]) from None
+    if proposal is None:
+        raise NotFound(f"the task {task!r} has no reference rate to size a proposal with", field="task")
+    return proposal
+
+
 @router.post("/experiments", response_model=experiments.ExperimentPublic, status_code=201)
 def create_experiment(
     body: experiments.ExperimentCreate, session: DB, user: OrganizerUser, settings: AppSettings
@@ -206,7 +234,10 @@ def create_experiment(
 
 @router.get("/experiments/{slug}", response_model=experiments.ExperimentPublic)
 def get_experiment(slug: str, session: DB, user: OptionalUser) -> experiments.ExperimentPublic:
-    return experiments.to_public(experiments.get_visible(session, slug, user))
+    experiment = experiments.get_visible(session, slug, user)
+    # The warning that names the fastest peer's rate is the organizer's, as on the experiment page.
+    fastest = experiments.fastest_peer_rate(session, experiment) if experiments.can_manage(experiment, user) else 0.0
+    return experiments.to_public(experiment, fastest)
 
 
 @router.patch("/experiments/{slug}", response_model=experiments.ExperimentPublic)
@@ -215,7 +246,8 @@ def update_experiment(
 ) -> experiments.ExperimentPublic:
     experiment = experiments.get_managed(session, slug, user)
     quotas.check_update(session, settings, experiment, user, body)
-    return experiments.to_public(experiments.update(session, experiment, body))
+    experiment = experiments.update(session, experiment, body)
+    return experiments.to_public(experiment, experiments.fastest_peer_rate(session, experiment))
 
 
 @router.post("/experiments/{slug}/status", response_model=experiments.ExperimentPublic)

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from swarmhub.worker.protocol import (
+    DEFAULT_PLANNED_PEERS,
     Aggregation,
     OptimizerName,
     Overlap,
@@ -88,6 +89,8 @@ async def _experiment_form(request: Request) -> tuple[dict[str, Any], dict[str, 
     """The submitted experiment as a dict, and inline errors for its task parameters."""
     form = await request.form()
     data: dict[str, Any] = {name: str(form.get(name, "")) for name in EXPERIMENT_FIELDS if name in form}
+    # Not an experiment's setting (it only sizes the proposal the page shows), but kept for a re-shown form.
+    request.state.planned_peers = str(form.get("planned_peers", ""))[:8]
     task = data.get("task", "")
     params: dict[str, Any] = {}
     errors: dict[str, str] = {}
@@ -112,8 +115,14 @@ def _form_page(
     values: dict[str, Any],
     errors: dict[str, str],
     experiment: Any = None,
+    fastest_peer_rate: float = 0.0,
+    proposed: bool = False,
     status_code: int = 200,
 ) -> Response:
+    """The experiment form. ``proposed``: its target batch size and timings are the task's proposal, and the page
+    may replace them with the proposal for another task or swarm size (until the organizer types their own)."""
+    task, params = str(values.get("task") or ""), values.get("task_params") or {}
+    proposal = experiments.proposal_for(task, params) if task in available_tasks() else None
     return render(
         request,
         "experiment_form.html",
@@ -126,6 +135,10 @@ def _form_page(
             "overlaps": [o.value for o in Overlap],
             "aggregations": [a.value for a in Aggregation],
             "policies": [p.value for p in experiments.JoinPolicy],
+            "proposal": proposal,
+            "planned_peers": getattr(request.state, "planned_peers", "") or DEFAULT_PLANNED_PEERS,
+            "proposed": proposed,
+            "fastest_peer_rate": fastest_peer_rate,
         },
         user=user,
         web=web,
@@ -155,7 +168,10 @@ def new_experiment_page(request: Request, user: RequiredPageUser, web: WebSess) 
         "aux_peer": True,  # the swarm's witness: without it no work counts as verified
         "auto_remove_flags": 0,
     }
-    return _form_page(request, user, web, values=defaults, errors={})
+    proposal = experiments.proposal_for(defaults["task"], defaults["task_params"])
+    if proposal is not None:  # the default task's own proposal, as the API gives an experiment created without them
+        defaults.update({name: getattr(proposal, name) for name in experiments.PROPOSED_FIELDS})
+    return _form_page(request, user, web, values=defaults, errors={}, proposed=proposal is not None)
 
 
 @router.post("/experiments/new", dependencies=[CSRF])
@@ -274,7 +290,8 @@ async def set_corpus(
 def edit_experiment_page(request: Request, slug: str, session: DB, user: RequiredPageUser, web: WebSess) -> Response:
     experiment = experiments.get_managed(session, slug, user)
     values = experiments.to_public(experiment).model_dump(mode="json")
-    return _form_page(request, user, web, values=values, errors={}, experiment=experiment)
+    fastest = experiments.fastest_peer_rate(session, experiment)
+    return _form_page(request, user, web, values=values, errors={}, experiment=experiment, fastest_peer_rate=fastest)
 
 
 @router.post("/experiments/{slug}/edit", dependencies=[CSRF])
@@ -296,7 +313,17 @@ async def edit_experiment(
             errors = {exc.field or "form": exc.message}
     if errors:
         session.rollback()
-        return _form_page(request, user, web, values=values, errors=errors, experiment=experiment, status_code=422)
+        fastest = experiments.fastest_peer_rate(session, experiment)
+        return _form_page(
+            request,
+            user,
+            web,
+            values=values,
+            errors=errors,
+            experiment=experiment,
+            fastest_peer_rate=fastest,
+            status_code=422,
+        )
     return see_other(f"/experiments/{experiment.slug}")
 
 

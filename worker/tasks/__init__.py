@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 
+from ..protocol import DEFAULT_PLANNED_PEERS, SettingsProposal, propose
+
 if TYPE_CHECKING:
     import torch
 
@@ -96,6 +98,34 @@ class Task(ABC):
 
     def attach(self, data: TaskData) -> None:
         self.data = data
+
+    # The timings a task proposes (``proposal``): how long peers look for an averaging group, and when a stuck
+    # round is given up. hivemind's defaults; a task whose rounds move large vectors over slow links sets more.
+    proposed_matchmaking_time: ClassVar[float] = 3.0
+    proposed_averaging_timeout: ClassVar[float] = 30.0
+    # The smallest target batch size the task proposes, whatever the reference rate (a batch its optimizer is
+    # known to train well at, where peers are expected to be much faster than the reference).
+    proposed_min_target_batch_size: ClassVar[int] = 1
+
+    def reference_samples_per_second(self) -> float | None:
+        """What one reference peer trains a second with these parameters: one CPU thread of the machine
+        ``bench/task_rates.py`` measured (a bare PyTorch loop: forward, backward, optimizer step), estimated from the
+        task's cost model. None where the task has no estimate (its experiments then start from the plain defaults)."""
+        return None
+
+    def proposal(self, planned_peers: int = DEFAULT_PLANNED_PEERS) -> SettingsProposal | None:
+        """Settings under which a swarm of ``planned_peers`` reference peers is bound by compute, not by the
+        epoch-length guard (``swarmhub.worker.protocol.swarm_rate_cap``); None without a reference rate."""
+        rate = self.reference_samples_per_second()
+        if rate is None:
+            return None
+        return propose(
+            rate,
+            matchmaking_time=self.proposed_matchmaking_time,
+            averaging_timeout=self.proposed_averaging_timeout,
+            planned_peers=planned_peers,
+            at_least=self.proposed_min_target_batch_size,
+        )
 
     def lr_schedule(self) -> Callable[[int], float] | None:
         """A learning-rate multiplier per collaborative step (the swarm's epoch), or None for a constant rate.

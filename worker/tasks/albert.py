@@ -55,6 +55,11 @@ PRESETS: dict[str, dict[str, int]] = {
         "embedding_size": 128,
     },
 }
+# Sequences a second of one CPU thread of the reference machine (bench/task_rates.py: a bare loop with Adam on
+# random tokens, local batch 8, 128 tokens a sequence, a vocabulary of 8,000: the corpus defaults); a peer's rate
+# falls about in proportion to its sequences' length.
+REFERENCE_SEQUENCES_PER_SECOND = {"tiny": 124.0, "small": 22.3, "base": 2.39, "large": 0.70}
+REFERENCE_SEQ_LENGTH = 128
 WEIGHT_DECAY = 0.01  # LAMB's recipe for BERT and ALBERT; none on biases and LayerNorm
 EVAL_SEED = 20_191_001  # fixed masking of the held-out set, so evaluations at different times compare
 EVAL_BATCH = 32
@@ -119,6 +124,11 @@ class AlbertMLMTask(Task):
     params: AlbertParams
     needs_corpus = True
     keeps_checkpoints = True
+    # DeDLOC's sahajBERT and hivemind's ALBERT example: groups of many peers over the internet, rounds that move
+    # tens of megabytes, and a collaborative batch of 4,096 sequences (LAMB's large-batch regime).
+    proposed_matchmaking_time = 5.0
+    proposed_averaging_timeout = 60.0
+    proposed_min_target_batch_size = 4096
 
     def __init__(self, params: BaseModel | dict[str, Any] | None = None):
         super().__init__(params)
@@ -128,6 +138,10 @@ class AlbertMLMTask(Task):
     @property
     def batch_size(self) -> int:
         return self.params.batch_size
+
+    def reference_samples_per_second(self) -> float:
+        seq_length = int(self.data.manifest["seq_length"]) if self.data is not None else REFERENCE_SEQ_LENGTH
+        return REFERENCE_SEQUENCES_PER_SECOND[self.params.size] * REFERENCE_SEQ_LENGTH / seq_length
 
     def attach(self, data: TaskData) -> None:
         super().attach(data)
