@@ -22,17 +22,15 @@ fails.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import _common as c
+import torch
 
-import torch  # noqa: E402
-
-from bench import _common as c  # noqa: E402
-from swarmhub.worker.tasks import Task, get_task  # noqa: E402
+from swarmhub.worker.tasks import Task, get_task
 
 DIGITS = [(64, 32), (64, 256), (256, 32), (1024, 32), (1024, 1797), (4096, 32), (4096, 512), (4096, 1797)]
 ALBERT_SIZES = ["tiny", "small", "base", "large"]
@@ -106,10 +104,10 @@ def main() -> int:
     torch.manual_seed(0)
     load = c.MachineLoad()
     runs: list[tuple[str, Callable[[], tuple[Task, float]]]] = [
-        (f"digits hidden {h}, batch {b}", lambda h=h, b=b: digits_rate(h, b, seconds)) for h, b in DIGITS
+        (f"digits hidden {h}, batch {b}", functools.partial(digits_rate, h, b, seconds)) for h, b in DIGITS
     ]
     sizes = ALBERT_SIZES[:1] if args.quick else ALBERT_SIZES
-    runs += [(f"albert-mlm {s}, batch 8", lambda s=s: albert_rate(s, seconds)) for s in sizes]
+    runs += [(f"albert-mlm {s}, batch 8", functools.partial(albert_rate, s, seconds)) for s in sizes]
     print(c.machine_line())
     print(f"one CPU thread, bare loop with Adam, {seconds:g} s per configuration")
     print(f"{'configuration':<30} {'measured/s':>11} {'estimate/s':>11} {'ratio':>6}   proposal (8 planned peers)")

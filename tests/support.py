@@ -73,8 +73,8 @@ def observe(
 ) -> None:
     """What the monitor peer read of the swarm's signed progress records: (username, peer, epoch, samples)."""
     items = [
-        {"peer_id": peer, "username": name, "epoch": epoch, "samples": samples, "samples_per_second": samples_per_second,
-         "time": now.timestamp()}
+        {"peer_id": peer, "username": name, "epoch": epoch, "samples": samples,
+         "samples_per_second": samples_per_second, "time": now.timestamp()}
         for name, peer, epoch, samples in records
     ]  # fmt: skip
     with db.begin() as session:

@@ -51,6 +51,7 @@ s = train(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_p
           on_joined=lambda peer_id, maddrs: print(json.dumps({"event": "joined", "t": time.time()}), flush=True))
 print(json.dumps({"event": "summary", "steps": s.steps, "epoch": s.epoch, "first_loss": s.first_loss,
                   "last_loss": s.last_loss, "stop_reason": s.stop_reason.value, "precision": s.precision,
+                  "overlap": s.overlap,
                   "averaging_rounds": {str(k): v for k, v in s.averaging_rounds.items()}}), flush=True)
 """
 
@@ -67,7 +68,8 @@ class Workers:
     def start(self, name: str, **opts: Any) -> None:
         identity = self.tmp / f"{name}.key"
         join = make_join(self.swarm, worker_id=f"worker-{name}", identity=identity)
-        join.experiment = join.experiment.model_copy(update={"overlap": self.overlap})
+        overlap = opts.pop("overlap", self.overlap)
+        join.experiment = join.experiment.model_copy(update={"overlap": overlap})
         args = json.dumps({"join": join.model_dump_json(), "identity": str(identity), **opts})
         stderr = open(self.tmp / f"{name}.err", "w")  # noqa: SIM115
         self.procs[name] = subprocess.Popen(
@@ -143,20 +145,31 @@ def test_mixed_precision_peers_and_an_auxiliary_peer_average_together(swarm_peer
 
 
 # a fixed number of steps, not minutes: it runs beside the solo lane (tests/lanes.py)
-def test_delayed_averaging_trains_together(swarm_peer: Swarm, tmp_path: Path) -> None:
-    workers = Workers(swarm_peer, tmp_path, overlap=Overlap.delayed_averaging)
+def test_a_peer_averaging_in_the_background_trains_together_with_one_that_does_not(
+    swarm_peer: Swarm, tmp_path: Path
+) -> None:
+    """overlap "auto" lets each peer choose: a swarm holds peers of both choices, and they average together."""
+    workers = Workers(swarm_peer, tmp_path)
+    chosen = {"a": Overlap.none, "b": Overlap.delayed_averaging}
     try:
-        for name in ("a", "b"):
-            workers.start(name, steps=40)
-        results = {name: workers.events(name) for name in ("a", "b")}
+        for name, overlap in chosen.items():
+            workers.start(name, steps=40, overlap=overlap)
+        results = {name: workers.events(name) for name in chosen}
     finally:
         left = workers.close()
     assert not left
     for name, events in results.items():
         summary = summary_of(events)
+        assert summary["overlap"] == chosen[name].value
         assert summary["stop_reason"] == "max_steps", workers.stderr(name)
-        assert summary["averaging_rounds"].get("2", 0) >= 2, (name, summary)
+        assert summary["averaging_rounds"].get("2", 0) >= 2, (name, summary)  # rounds with the other one
         assert summary["last_loss"] < summary["first_loss"], (name, summary)
+    # in step while both trained: when the first one stopped, the other was at its epoch or one apart
+    progress = {name: [e for e in events if e["event"] == "progress"] for name, events in results.items()}
+    first, other = sorted(progress, key=lambda name: progress[name][-1]["t"])
+    stopped = progress[first][-1]
+    then = [e["epoch"] for e in progress[other] if e["t"] <= stopped["t"]]
+    assert then and abs(then[-1] - stopped["epoch"]) <= 1, (stopped, then[-3:])
 
 
 @pytest.mark.solo  # how far it trains is asserted: see tests/lanes.py

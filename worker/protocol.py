@@ -38,6 +38,10 @@ class Overlap(str, Enum):
     none = "none"  # average gradients, step, then compute the next batch
     delayed_step = "delayed-step"  # the optimizer steps in the background; its result lands one step later
     delayed_averaging = "delayed-averaging"  # gradients are also averaged in the background (one step stale)
+    # Each peer chooses for its machine (``worker.training.choose_overlap``): delayed-averaging where training leaves
+    # the CPU room for hivemind's background work (a CUDA device, or a spare core), none on a busy CPU. Peers of
+    # either choice average in the same rounds (``tests/test_adaptive_swarm.py`` trains the two together).
+    auto = "auto"
 
 
 class Aggregation(str, Enum):
@@ -93,8 +97,9 @@ class TrainingSettings(BaseModel):
     )
     overlap: Overlap = Field(
         default=Overlap.none,
-        description="Overlap communication with computation: none, delayed-step, or delayed-averaging "
-        "(faster on slow links, one step of staleness)",
+        description="Overlap communication with computation: none, delayed-step, delayed-averaging "
+        "(faster on slow links, one step of staleness), or auto (each peer picks delayed-averaging on a CUDA device "
+        "or with a spare CPU core, none on a busy CPU)",
     )
 
 
@@ -132,14 +137,18 @@ class SettingsProposal(BaseModel):
     )
     planned_peers: int = Field(ge=1)
 
-    @computed_field(description="The most samples/s the whole swarm trains at with these settings (swarm_rate_cap)")
+    @computed_field(  # type: ignore[prop-decorator]
+        description="The most samples/s the whole swarm trains at with these settings (swarm_rate_cap)"
+    )
+    @property
     def rate_cap(self) -> float:
         return swarm_rate_cap(self.target_batch_size, self.matchmaking_time)
 
-    @computed_field(
+    @computed_field(  # type: ignore[prop-decorator]
         description="How many reference peers these settings keep bound by compute: planned_peers or more, fewer "
         "only where the largest target batch size allowed is not enough"
     )
+    @property
     def unthrottled_peers(self) -> float:
         return round(self.rate_cap / max(self.reference_samples_per_second, 1e-9), 1)
 

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -65,6 +66,29 @@ def resolve_precision(name: str, device: torch.device) -> str:
     if name not in ("fp32", "bf16", "fp16"):
         raise WorkerError(f"Unknown precision {name!r}: use auto, fp32, bf16 or fp16", ExitCode.USAGE)
     return name
+
+
+def choose_overlap(
+    overlap: Overlap,
+    device: torch.device,
+    *,
+    threads: int | None = None,
+    cpus: int | None = None,
+    busy: float | None = None,
+) -> Overlap:
+    """The overlap this peer trains with. ``auto``: ``delayed-averaging`` when training leaves room for hivemind's
+    background averaging and offloaded optimizer step (a CUDA device computes, the CPU is free; or the machine has
+    at least one core beyond the training threads and what other processes keep busy: ``busy``, the one-minute
+    load average), ``none`` on a busy CPU, where the background work would only take cores from training
+    (measured: docs/benchmarks.md, section 1). Any other setting is the experiment's, as it is."""
+    if overlap != Overlap.auto:
+        return overlap
+    if device.type == "cuda":
+        return Overlap.delayed_averaging
+    threads = torch.get_num_threads() if threads is None else threads
+    cpus = (os.cpu_count() or 1) if cpus is None else cpus
+    busy = os.getloadavg()[0] if busy is None else busy
+    return Overlap.delayed_averaging if cpus - threads - busy >= 1 else Overlap.none
 
 
 def overlap_options(overlap: Overlap) -> dict[str, Any]:
@@ -229,6 +253,10 @@ def train(
     summary = TrainingSummary()
     amp = resolve_precision(precision, torch_device)
     summary.precision = amp
+    overlap = choose_overlap(cfg.overlap, torch_device)
+    summary.overlap = overlap.value
+    if overlap != cfg.overlap:
+        logger.info("overlap %s: training with %s on this machine", cfg.overlap.value, overlap.value)
 
     def should_stop() -> StopReason | None:
         if stop_event.is_set():
@@ -320,7 +348,7 @@ def train(
                     auxiliary=auxiliary,
                     # The measured link speed: hivemind gives faster peers a larger part of the vector to reduce.
                     averager_opts={"bandwidth": bandwidth} if bandwidth is not None else None,
-                    **overlap_options(cfg.overlap),
+                    **overlap_options(overlap),
                     # The witness reads the swarm's progress every fraction of a second, so that it is in every
                     # round's matchmaking, even with epochs of a few seconds (a round it misses credits no one).
                     tracker_opts=WITNESS_TRACKER if server_witness is not None else None,

@@ -80,6 +80,7 @@ class TrainingSummary:
     control: Control | None = None
     fatal: WorkerError | None = None
     precision: str = "fp32"
+    overlap: str = "none"  # what this peer trained with (the experiment's, or its own choice under "auto")
     # peer ID -> reason -> count: what this peer refused from others (robust.take_flags)
     flags: dict[str, dict[str, int]] = field(default_factory=dict)
 

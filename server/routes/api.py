@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from swarmhub.worker.choice import JoinableExperiment
-from swarmhub.worker.tasks import UnknownTask, get_task
 from swarmhub.worker.protocol import (
     DEFAULT_PLANNED_PEERS,
     DenyListPublic,
@@ -27,6 +26,7 @@ from swarmhub.worker.protocol import (
     SwarmTokenRequest,
     TokenResponse,
 )
+from swarmhub.worker.tasks import UnknownTask, get_task
 
 from .. import accounts, device, experiments, leases, metrics, quotas, swarm_view
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, api_token, reconcile_after_commit

@@ -27,7 +27,10 @@ def test_the_form_proposes_settings_that_keep_the_planned_swarm_unthrottled(page
             assert answer.ok, answer.text()
             return answer.json()
 
-        target, matchmaking = page.locator("input[name=target_batch_size]"), page.locator("input[name=matchmaking_time]")
+        target, matchmaking = (
+            page.locator("input[name=target_batch_size]"),
+            page.locator("input[name=matchmaking_time]"),
+        )
         timeout = page.locator("input[name=averaging_timeout]")
         warning = page.locator("#rate-cap-warning")
 

@@ -35,9 +35,9 @@ def claimed(tmp_path):
         with services(app).sessionmaker.begin() as session:
             olga = accounts.create_user(session, "olga", PASSWORD)
             mallory = accounts.create_user(session, "mallory", PASSWORD)
-            experiment = experiments.create(
-                session, olga, experiments.ExperimentCreate(slug="open", title="Open", task="digits")
-            )
+            # a claim is flagged past the backed samples plus two target batches: a small target, named
+            fields = {"slug": "open", "title": "Open", "task": "digits", "target_batch_size": 4096}
+            experiment = experiments.create(session, olga, experiments.ExperimentCreate(**fields))
             experiment.status = "running"
             worker_id = experiments.start_worker_run(session, experiment, mallory, "cpu").id
         token = server_token(server.url, "mallory")
