@@ -26,7 +26,9 @@ holds two epoch changes or more):
   swarmhub code in its loop.
 
 Every worker trains on one thread (torch.set_num_threads(1), OMP_NUM_THREADS=1), so two workers fit the 2
-cores. The variants alternate within each round (the order flips every round); the report gives the median and
+cores. The target batch size is sized for the machine at the start (a 2 s bare loop of the workload on one thread:
+what two such workers gather in about 7 s), so that epochs stay well above matchmaking_time and the epoch-length
+guard does not hold the swarm back; --target-batch-size fixes it instead. The variants alternate within each round (the order flips every round); the report gives the median and
 the min..max range over rounds, and the cores each process used in each window.
 
 efficiency = swarmhub swarm / (solo A + solo B)   target >= 0.9 (side by side; one at a time also shown)
@@ -56,25 +58,52 @@ class Mode:
     solo_warmup: float  # seconds after a solo worker's first progress line
     solo_window: float
     swarm_window: float
-    target_batch_size: int
+    epoch_seconds: float  # the target batch size is what two workers of this machine compute in this time
     matchmaking_time: float
     side_by_side: bool
     stop_timeout: float  # a worker stopped in an averaging round its partner left is killed after this
 
 
-# target_batch_size: swarm epochs of ~7 s (2 workers), solo epochs of ~8 s; matchmaking_time is the default's
-FULL = Mode("full", rounds=2, solo_warmup=3.0, solo_window=15.0, swarm_window=21.0, target_batch_size=163_840,
+# epoch_seconds: swarm epochs of ~7 s (2 workers), well above matchmaking_time (the default's 3 s), so that the
+# epoch-length guard never holds the swarm back and what is measured is the cost of collaborating; solo epochs ~14 s
+FULL = Mode("full", rounds=2, solo_warmup=3.0, solo_window=15.0, swarm_window=21.0, epoch_seconds=7.0,
             matchmaking_time=3.0, side_by_side=True, stop_timeout=8.0)  # fmt: skip
-QUICK = Mode("quick", rounds=1, solo_warmup=1.0, solo_window=3.0, swarm_window=5.0, target_batch_size=61_440,
+QUICK = Mode("quick", rounds=1, solo_warmup=1.0, solo_window=3.0, swarm_window=5.0, epoch_seconds=3.0,
              matchmaking_time=2.0, side_by_side=False, stop_timeout=3.0)  # fmt: skip
 
 
 OVERLAP: str | None = None  # --overlap: the experiment's overlap setting for the swarmhub variants
+TARGET_BATCH_SIZE = 0  # sized for this machine in main() (calibrate), or --target-batch-size
+
+
+def calibrate(mode: Mode, seconds: float = 2.0) -> tuple[int, float]:
+    """The target batch size two workers of this machine gather in ``mode.epoch_seconds``, from a bare loop of the
+    workload on one thread (a multiple of the local batch), and that loop's samples/s."""
+    import torch
+
+    from swarmhub.worker.tasks import get_task
+
+    torch.set_num_threads(1)
+    task = get_task("digits")({"hidden_size": c.HIDDEN_SIZE, "batch_size": c.BATCH_SIZE})
+    model = task.build_model()
+    adam = torch.optim.Adam(model.parameters())
+    batches, cpu = task.batches(0), torch.device("cpu")
+    steps, start = -3, 0.0
+    while steps < 3 or time.perf_counter() - start < seconds:
+        if steps == 0:
+            start = time.perf_counter()
+        task.loss(model, next(batches), cpu).backward()
+        adam.step()
+        adam.zero_grad()
+        steps += 1
+    rate = steps * c.BATCH_SIZE / (time.perf_counter() - start)
+    batches_needed = max(round(2 * rate * mode.epoch_seconds / c.BATCH_SIZE), 1)
+    return batches_needed * c.BATCH_SIZE, rate
 
 
 def experiment(mode: Mode) -> dict[str, Any]:
     return c.experiment_config(
-        target_batch_size=mode.target_batch_size, matchmaking_time=mode.matchmaking_time, overlap=OVERLAP
+        target_batch_size=TARGET_BATCH_SIZE, matchmaking_time=mode.matchmaking_time, overlap=OVERLAP
     )
 
 
@@ -192,13 +221,28 @@ def main() -> int:
         default=None,
         help="the experiment's overlap setting for the swarmhub workers (default: the experiment default, none)",
     )
+    parser.add_argument(
+        "--target-batch-size",
+        type=int,
+        default=None,
+        help="the experiment's target batch size (default: what two workers of this machine compute in the mode's "
+        "epoch time, measured with a bare loop at the start)",
+    )
     args = parser.parse_args()
-    global OVERLAP
+    global OVERLAP, TARGET_BATCH_SIZE
     OVERLAP = args.overlap
     mode = QUICK if args.quick else FULL
     rounds = args.rounds or mode.rounds
-    exp = experiment(mode)
     print(f"swarm_efficiency ({mode.name}): {c.machine_line()}")
+    if args.target_batch_size is None:
+        TARGET_BATCH_SIZE, bare = calibrate(mode)
+        print(
+            f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on one thread here: target batch "
+            f"{TARGET_BATCH_SIZE:,} for swarm epochs of about {mode.epoch_seconds:g} s"
+        )
+    else:
+        TARGET_BATCH_SIZE = args.target_batch_size
+    exp = experiment(mode)
     params = exp["task_params"]
     print(
         f"workload: digits MLP hidden_size={params['hidden_size']}, batch {params['batch_size']}"
