@@ -29,7 +29,8 @@ Every worker trains on one thread (torch.set_num_threads(1), OMP_NUM_THREADS=1),
 cores. The target batch size is sized for the machine at the start (a 2 s bare loop of the workload on one thread:
 what two such workers gather in about 7 s), so that epochs stay well above matchmaking_time and the epoch-length
 guard does not hold the swarm back; --target-batch-size fixes it instead. The variants alternate within each
-round (the order flips every round); the report gives the median and the min..max range over rounds, and the cores each process used in each window.
+round (the order flips every round); the report gives the median and the min..max range over rounds, and the
+cores each process used in each window.
 
 efficiency = swarmhub swarm / (solo A + solo B)   target >= 0.9 (side by side; one at a time also shown)
 ratio      = swarmhub swarm / plain swarm         target >= 1.0
