@@ -503,6 +503,39 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
+def bare_rate(hidden_size: int, batch_size: int, seconds: float = 2.0) -> float:
+    """Samples/s of a bare loop (forward, backward, Adam step) of the digits workload on one thread of this
+    machine: what the benchmarks size their target batch with, so that epochs last as long on any machine."""
+    import torch
+
+    from swarmhub.worker.tasks import get_task
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        task = get_task("digits")({"hidden_size": hidden_size, "batch_size": batch_size})
+        model = task.build_model()
+        adam = torch.optim.Adam(model.parameters())
+        batches, cpu = task.batches(0), torch.device("cpu")
+        steps, start = -3, 0.0  # three warm-up steps
+        while steps < 3 or time.perf_counter() - start < seconds:
+            if steps == 0:
+                start = time.perf_counter()
+            task.loss(model, next(batches), cpu).backward()
+            adam.step()
+            adam.zero_grad()
+            steps += 1
+        return steps * batch_size / (time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def batch_for(workers: int, rate: float, seconds: float, batch_size: int) -> int:
+    """The target batch size (a multiple of the local batch) that ``workers`` workers at ``rate`` samples/s each
+    gather in ``seconds``."""
+    return max(round(workers * rate * seconds / batch_size), 1) * batch_size
+
+
 def machine_line() -> str:
     import platform
 

@@ -78,6 +78,7 @@ LINKS = [
     net.Link("aux", f"{net.SUBNET}.15", 100.0),
 ]
 VARIANTS = ("adaptive", "naive")
+WITH_AUX = True  # --no-aux: the adaptive variant without its auxiliary peer
 
 
 @dataclass(frozen=True)
@@ -87,15 +88,19 @@ class Mode:
     max_warmup: float  # the window starts when every trainer has been through a round, or after this many seconds
     rounds: int  # the window ends after this many gradient rounds of the trainers (all four together)...
     max_window: float  # ...or after this many seconds
-    target_batch_size: int
+    epoch_seconds: float  # the target batch is what the 4 trainers compute in this time (bare loop, one thread)
+    target_batch_size: int = 0  # set in main(): sized for the machine, or --target-batch-size
     hidden_size: int = c.HIDDEN_SIZE  # 4096, the widest digits allows: 307,210 parameters, 1.2 MiB in fp32
     batch_size: int = 256
 
 
-# full: a swarm epoch of ~6-9 s on a 2-core machine (compute, then the round); at most ~80 s a run
-FULL = Mode("full", runs=3, max_warmup=12, rounds=12, max_window=25, target_batch_size=65_536)
+# full: 5 s of compute an epoch (then the round), longer than matchmaking_time (3 s): with shorter epochs hivemind
+# pre-schedules each round for 3 s after the previous one, peers reach their epoch's end at different moments in
+# that wait, and the groups split (measured: a quarter of this batch gave groups of 3 and 4 out of 5, and rounds
+# that waited out a timeout for a reducer that was in another group); at most ~80 s a run
+FULL = Mode("full", runs=3, max_warmup=12, rounds=12, max_window=25, epoch_seconds=5.0)
 # quick: a smoke run (one short run of each variant; a smaller model, so that peers start quicker)
-QUICK = Mode("quick", runs=1, max_warmup=0, rounds=4, max_window=10, target_batch_size=16_384, hidden_size=1024)
+QUICK = Mode("quick", runs=1, max_warmup=0, rounds=4, max_window=10, epoch_seconds=1.5, hidden_size=1024)
 
 
 def experiment(mode: Mode) -> dict[str, Any]:
@@ -161,7 +166,7 @@ def run_variant(h: c.Harness, lab: net.Lab, variant: str, run: int, mode: Mode, 
     argv, peer = swarm_peer_argv(h, lab, f"{prefix}-peer", PEER_PORT + 2 * run + adaptive)
     peer.proc = h.spawn(f"{prefix}-peer", argv)
     exp = experiment(mode)
-    roles = [*TRAINERS, "aux"] if adaptive else list(TRAINERS)
+    roles = [*TRAINERS, "aux"] if adaptive and WITH_AUX else list(TRAINERS)
     ready, go = h.tmp / f"{prefix}.ready", h.tmp / f"{prefix}.go"
     procs: dict[str, c.Proc] = {}
     for role in roles:
@@ -589,27 +594,45 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=None, help="override the number of runs of each variant")
     parser.add_argument("--rounds", type=int, default=None, help="override the rounds of all 4 trainers per window")
     parser.add_argument("--max-window", type=float, default=None, help="override the longest window (s)")
-    parser.add_argument("--target-batch-size", type=int, default=None, help="override the swarm's batch")
+    parser.add_argument(
+        "--target-batch-size",
+        type=int,
+        default=None,
+        help="override the swarm's batch (default: what its 4 trainers compute in the mode's epoch time here)",
+    )
+    parser.add_argument(
+        "--no-aux", action="store_true", help="the adaptive variant without its auxiliary peer (bandwidth, client mode)"
+    )
     parser.add_argument(
         "--allreduce",
         action="store_true",
         help="instead: time plain hivemind all-reduce rounds (no training) under each of swarmhub's adaptations",
     )
     args = parser.parse_args()
+    global WITH_AUX
+    WITH_AUX = not args.no_aux
     why = net.netns_available()
     if why is not None:
         print(f"error: heterogeneous_network {why}", file=sys.stderr)
         return 2
     mode = QUICK if args.quick else FULL
+    print(f"heterogeneous_network ({mode.name}): {c.machine_line()}")
+    target = args.target_batch_size
+    if target is None:
+        bare = c.bare_rate(mode.hidden_size, mode.batch_size)
+        target = c.batch_for(len(TRAINERS), bare, mode.epoch_seconds, mode.batch_size)
+        print(
+            f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on one thread here: target batch "
+            f"{target:,} for {mode.epoch_seconds:g} s of compute an epoch"
+        )
     mode = dataclasses.replace(
         mode,
         runs=args.runs or mode.runs,
         rounds=args.rounds or mode.rounds,
         max_window=args.max_window or mode.max_window,
-        target_batch_size=args.target_batch_size or mode.target_batch_size,
+        target_batch_size=target,
     )
     exp = experiment(mode)
-    print(f"heterogeneous_network ({mode.name}): {c.machine_line()}")
     print(
         f"workload: 4 trainers, digits MLP hidden_size={mode.hidden_size} ({_mib(mode.hidden_size):.2f} MiB of fp32 "
         f"gradients), batch {mode.batch_size}/step, target_batch_size {mode.target_batch_size}, matchmaking_time "

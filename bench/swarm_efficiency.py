@@ -77,31 +77,6 @@ OVERLAP: str | None = None  # --overlap: the experiment's overlap setting for th
 TARGET_BATCH_SIZE = 0  # sized for this machine in main() (calibrate), or --target-batch-size
 
 
-def calibrate(mode: Mode, seconds: float = 2.0) -> tuple[int, float]:
-    """The target batch size two workers of this machine gather in ``mode.epoch_seconds``, from a bare loop of the
-    workload on one thread (a multiple of the local batch), and that loop's samples/s."""
-    import torch
-
-    from swarmhub.worker.tasks import get_task
-
-    torch.set_num_threads(1)
-    task = get_task("digits")({"hidden_size": c.HIDDEN_SIZE, "batch_size": c.BATCH_SIZE})
-    model = task.build_model()
-    adam = torch.optim.Adam(model.parameters())
-    batches, cpu = task.batches(0), torch.device("cpu")
-    steps, start = -3, 0.0
-    while steps < 3 or time.perf_counter() - start < seconds:
-        if steps == 0:
-            start = time.perf_counter()
-        task.loss(model, next(batches), cpu).backward()
-        adam.step()
-        adam.zero_grad()
-        steps += 1
-    rate = steps * c.BATCH_SIZE / (time.perf_counter() - start)
-    batches_needed = max(round(2 * rate * mode.epoch_seconds / c.BATCH_SIZE), 1)
-    return batches_needed * c.BATCH_SIZE, rate
-
-
 def experiment(mode: Mode) -> dict[str, Any]:
     return c.experiment_config(
         target_batch_size=TARGET_BATCH_SIZE, matchmaking_time=mode.matchmaking_time, overlap=OVERLAP
@@ -236,7 +211,8 @@ def main() -> int:
     rounds = args.rounds or mode.rounds
     print(f"swarm_efficiency ({mode.name}): {c.machine_line()}")
     if args.target_batch_size is None:
-        TARGET_BATCH_SIZE, bare = calibrate(mode)
+        bare = c.bare_rate(c.HIDDEN_SIZE, c.BATCH_SIZE)
+        TARGET_BATCH_SIZE = c.batch_for(2, bare, mode.epoch_seconds, c.BATCH_SIZE)
         print(
             f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on one thread here: target batch "
             f"{TARGET_BATCH_SIZE:,} for swarm epochs of about {mode.epoch_seconds:g} s"

@@ -349,12 +349,13 @@ def train(
                     # The measured link speed: hivemind gives faster peers a larger part of the vector to reduce.
                     averager_opts={"bandwidth": bandwidth} if bandwidth is not None else None,
                     **overlap_options(overlap),
-                    # The witness reads the swarm's progress every fraction of a second, so that it is in every
-                    # round's matchmaking, even with epochs of a few seconds (a round it misses credits no one).
-                    tracker_opts=WITNESS_TRACKER if server_witness is not None else None,
-                    # Nor does it average state (it holds none worth averaging): a state round would keep it busy
-                    # while the next gradient round forms without it.
-                    **({"average_state_every": 2**30} if server_witness is not None else {}),
+                    # An auxiliary peer reads the swarm's progress every fraction of a second, so that it looks
+                    # for each round's group when the trainers do, even with epochs of a few seconds (for the
+                    # server's witness, a round it misses credits no one).
+                    tracker_opts=WITNESS_TRACKER if auxiliary else None,
+                    # No auxiliary peer averages state (it holds none worth averaging): a state round would keep
+                    # it busy while the next gradient round forms without it.
+                    **({"average_state_every": 2**30} if auxiliary else {}),
                     verbose=False,
                 )
                 restart_step_count(opt)

@@ -129,9 +129,14 @@ def _assist(
     interval: float = 0.2,
     server_witness: witness.Witness | None = None,
 ) -> None:
-    """An auxiliary peer: no gradients of its own; each ``opt.step()`` joins the swarm's averaging rounds when
-    an epoch ends, lending this machine's bandwidth to the all-reduce. The server's auxiliary peer also
-    publishes the rounds it saw complete (``server_witness``)."""
+    """An auxiliary peer: no gradients of its own; it joins every gradient averaging round as it forms
+    (``_join_one_round``), lending this machine's bandwidth to the all-reduce. The server's auxiliary peer also
+    publishes the rounds it saw complete (``server_witness``).
+
+    It does not wait for its own estimate of the epoch's end, as ``opt.step()`` would: that estimate lags the
+    trainers' (an auxiliary peer reads the swarm's progress, it does not make it), and the trainers of a round wait
+    for every reducer's part, the auxiliary peer's (the largest, on a fast link) included (docs/benchmarks.md,
+    section 4)."""
     last_report = time.monotonic()
     while (reason := should_stop()) is None:
         epoch = opt.local_epoch
@@ -140,13 +145,12 @@ def _assist(
                 server_witness.keep_present(opt.tracker)
             except Exception as exc:
                 logger.warning("could not publish the witness's progress record: %r", exc)
-            _witness_one_round(opt, should_stop, pause)
+        _join_one_round(opt, should_stop, pause)
+        if server_witness is not None:
             try:
                 server_witness.publish(opt.tracker.global_epoch)
             except Exception as exc:  # the peer keeps averaging whatever the DHT does
                 logger.warning("could not publish the witnessed rounds: %r", exc)
-        else:
-            opt.step()
         summary.epoch = max(opt.local_epoch, epoch)
         if time.monotonic() - last_report >= REPORT_EVERY_SECONDS:
             keep_access()
@@ -155,15 +159,35 @@ def _assist(
     summary.stop_reason = reason
 
 
-def _witness_one_round(opt: Any, should_stop: Callable[[], StopReason | None], pause: Callable[[float], Any]) -> None:
-    """The server's witness: look for the next gradient averaging group at once and take part in its round as a
-    reducer (weight 0). It computes nothing, so unlike ``opt.step()`` it never waits for its own (lagging) estimate
-    of the epoch's end: it is in matchmaking whenever a round forms, and a round it misses credits no one."""
-    if opt.tracker.global_progress.num_peers <= 1:
+def _join_one_round(opt: Any, should_stop: Callable[[], StopReason | None], pause: Callable[[float], Any]) -> None:
+    """An auxiliary peer: take part in the swarm's next gradient averaging round as a reducer (weight 0).
+
+    It computes nothing, so it does not step like a trainer (``opt.step()`` would wait for its own estimate of the
+    epoch's end, which lags the trainers': an auxiliary peer reads the swarm's progress, it does not make it). It
+    starts looking for a group ``matchmaking_time`` before the swarm's estimated end of the epoch (the trainers'
+    records: each one's count plus its rate since), as hivemind's trainers pre-schedule theirs, declares that
+    moment as the round's time, and is ready the moment its group is. For the server's witness, a round it misses
+    credits no one."""
+    from hivemind.utils import get_dht_time
+
+    progress = opt.tracker.global_progress
+    if progress.num_peers <= 1:
         pause(0.5)  # no one to average with
         return
+    now = get_dht_time()
+    lead = opt.grad_averager.matchmaking_kwargs["min_matchmaking_time"]
+    eta = now if progress.samples_accumulated >= progress.target_batch_size else progress.eta_next_epoch
+    if not math.isfinite(eta):
+        eta = now  # no estimate yet: look for a group now, as the trainers' first rounds do
+    if eta - now > lead:
+        pause(min(eta - now - lead, 0.5))  # too early: read the swarm's progress again first
+        return
     try:
-        control = opt.grad_averager.step(wait=False, timeout=opt.averaging_timeout)
+        control = opt.grad_averager.step(
+            wait=False,
+            timeout=opt.averaging_timeout,
+            scheduled_time=min(max(eta, now + lead), now + opt.averaging_timeout / 2),
+        )
     except Exception as exc:
         logger.warning("could not join an averaging round: %r", exc)
         pause(1.0)
