@@ -129,9 +129,9 @@ def _assist(
     interval: float = 0.2,
     server_witness: witness.Witness | None = None,
 ) -> None:
-    """An auxiliary peer: no gradients of its own; it joins every gradient averaging round as it forms
-    (``_join_one_round``), lending this machine's bandwidth to the all-reduce. The server's auxiliary peer also
-    publishes the rounds it saw complete (``server_witness``).
+    """An auxiliary peer: no gradients of its own; it joins every gradient averaging round (``_join_one_round``),
+    lending this machine's bandwidth to the all-reduce. The server's auxiliary peer also publishes the rounds it
+    saw complete (``server_witness``).
 
     It does not wait for its own estimate of the epoch's end, as ``opt.step()`` would: that estimate lags the
     trainers' (an auxiliary peer reads the swarm's progress, it does not make it), and the trainers of a round wait
@@ -145,7 +145,10 @@ def _assist(
                 server_witness.keep_present(opt.tracker)
             except Exception as exc:
                 logger.warning("could not publish the witness's progress record: %r", exc)
-        _join_one_round(opt, should_stop, pause)
+        # The witness looks for a group at once, every time: it credits only the rounds it is in, and the swarm's
+        # estimated end of the epoch comes from records a forger can publish (an epoch ahead, at a crawl, would
+        # keep it waiting while the honest volunteers' rounds go unwitnessed).
+        _join_one_round(opt, should_stop, pause, when_due=server_witness is None)
         if server_witness is not None:
             try:
                 server_witness.publish(opt.tracker.global_epoch)
@@ -159,15 +162,17 @@ def _assist(
     summary.stop_reason = reason
 
 
-def _join_one_round(opt: Any, should_stop: Callable[[], StopReason | None], pause: Callable[[float], Any]) -> None:
+def _join_one_round(
+    opt: Any, should_stop: Callable[[], StopReason | None], pause: Callable[[float], Any], *, when_due: bool = True
+) -> None:
     """An auxiliary peer: take part in the swarm's next gradient averaging round as a reducer (weight 0).
 
     It computes nothing, so it does not step like a trainer (``opt.step()`` would wait for its own estimate of the
     epoch's end, which lags the trainers': an auxiliary peer reads the swarm's progress, it does not make it). It
     starts looking for a group ``matchmaking_time`` before the swarm's estimated end of the epoch (the trainers'
     records: each one's count plus its rate since), as hivemind's trainers pre-schedule theirs, declares that
-    moment as the round's time, and is ready the moment its group is. For the server's witness, a round it misses
-    credits no one."""
+    moment as the round's time, and is ready the moment its group is. ``when_due=False`` (the server's witness)
+    looks for a group at once, whatever the estimate says."""
     from hivemind.utils import get_dht_time
 
     progress = opt.tracker.global_progress
@@ -177,8 +182,8 @@ def _join_one_round(opt: Any, should_stop: Callable[[], StopReason | None], paus
     now = get_dht_time()
     lead = opt.grad_averager.matchmaking_kwargs["min_matchmaking_time"]
     eta = now if progress.samples_accumulated >= progress.target_batch_size else progress.eta_next_epoch
-    if not math.isfinite(eta):
-        eta = now  # no estimate yet: look for a group now, as the trainers' first rounds do
+    if not when_due or not math.isfinite(eta):
+        eta = now  # look for a group now (with no estimate yet, as the trainers' first rounds do)
     if eta - now > lead:
         pause(min(eta - now - lead, 0.5))  # too early: read the swarm's progress again first
         return
