@@ -47,7 +47,8 @@ import _common as c
 # 2.3 to about 0.37, still falling: differences show.
 HIDDEN_SIZE = 2048
 BATCH_SIZE = 256
-TARGET_BATCH_SIZE = 131_072
+TARGET_BATCH_SIZE = 131_072  # replaced in main(): what the two workers compute in EPOCH_SECONDS on this machine
+EPOCH_SECONDS = 3.0  # "epochs of a few seconds": 131,072 was about that on the 2-core machines of 2026-11-30
 LEARNING_RATE = 3e-3
 MATCHMAKING_TIME = 2.0
 AVERAGING_TIMEOUT = 10.0
@@ -175,11 +176,27 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of under a minute")
     parser.add_argument("--repeats", type=int, default=None, help="override the number of swarm repeats")
+    parser.add_argument(
+        "--target-batch-size",
+        type=int,
+        default=None,
+        help="the swarm's target batch (default: what its 2 workers compute in 3 s here, from a 2 s bare loop)",
+    )
     args = parser.parse_args()
     mode = QUICK if args.quick else FULL
     repeats = args.repeats or mode.repeats
-    budget = mode.epochs * TARGET_BATCH_SIZE
     print(f"convergence ({mode.name}): {c.machine_line()}")
+    global TARGET_BATCH_SIZE
+    if args.target_batch_size is None:
+        bare = c.bare_rate(HIDDEN_SIZE, BATCH_SIZE)
+        TARGET_BATCH_SIZE = c.batch_for(2, bare, EPOCH_SECONDS, BATCH_SIZE)
+        print(
+            f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on one thread here: target batch "
+            f"{TARGET_BATCH_SIZE:,} for about {EPOCH_SECONDS:g} s of compute an epoch with 2 workers"
+        )
+    else:
+        TARGET_BATCH_SIZE = args.target_batch_size
+    budget = mode.epochs * TARGET_BATCH_SIZE
     print(
         f"workload: digits MLP hidden_size={HIDDEN_SIZE}, batch {BATCH_SIZE}/step, target_batch_size "
         f"{TARGET_BATCH_SIZE} (the single process accumulates {TARGET_BATCH_SIZE // BATCH_SIZE} micro-batches per "
