@@ -309,7 +309,11 @@ def _loop(
                 # as they are scheduled, which wedges hivemind 1.1.12's matchmaking for good ("aclose():
                 # asynchronous generator is already running", then every round fails). Real workloads
                 # never wait here.
-                pause(max(last_epoch_change + min_epoch_seconds - now, 0.0))
+                # Not training time: the rate this peer publishes (hivemind's performance EMA, which the other
+                # peers extrapolate its count with) must not count the wait, or they underestimate its samples
+                # and the swarm overshoots its target batch.
+                with opt.tracker.performance_ema.pause():
+                    pause(max(last_epoch_change + min_epoch_seconds - now, 0.0))
                 last_epoch_change = now = time.monotonic()
             last_epoch = summary.epoch
             publish(now)
