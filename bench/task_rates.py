@@ -49,19 +49,7 @@ def timed(step: Callable[[], int], seconds: float, warmup: int = 3, least: int =
 
 
 def digits_rate(hidden: int, batch: int, seconds: float) -> tuple[Task, float]:
-    task = get_task("digits")({"hidden_size": hidden, "batch_size": batch})
-    model = task.build_model()
-    adam = torch.optim.Adam(model.parameters())
-    batches = task.batches(0)
-    cpu = torch.device("cpu")
-
-    def step() -> int:
-        task.loss(model, next(batches), cpu).backward()
-        adam.step()
-        adam.zero_grad()
-        return batch
-
-    return task, timed(step, seconds)
+    return get_task("digits")({"hidden_size": hidden, "batch_size": batch}), c.bare_rate(hidden, batch, seconds)
 
 
 def albert_rate(size: str, seconds: float) -> tuple[Task, float]:

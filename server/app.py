@@ -27,7 +27,7 @@ from .errors import AppError
 from .hub import HubCache
 from .live import LiveHub, LiveSeats
 from .ratelimit import make_limiter
-from .routes import api, data, hub, pages, probe, teams, volunteers, ws
+from .routes import api, data, hub, pages, probe, tasks, teams, volunteers, ws
 from .services import Services
 from .settings import Settings
 from .swarm.coordinator import SwarmCoordinator
@@ -142,6 +142,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     else:
         logger.warning("uPlot is not installed (run `make setup` or `npm ci --prefix web`): charts are off")
     app.include_router(api.router)
+    app.include_router(tasks.router)
     app.include_router(data.router)
     app.include_router(probe.router)
     app.include_router(volunteers.router)

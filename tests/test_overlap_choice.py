@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from swarmhub.worker.overlap import choose_overlap, overlap_options
 from swarmhub.worker.protocol import Overlap
-from swarmhub.worker.training import choose_overlap, overlap_options
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

@@ -14,23 +14,20 @@ from pydantic import BaseModel, Field, ValidationError
 
 from swarmhub.worker.choice import JoinableExperiment
 from swarmhub.worker.protocol import (
-    DEFAULT_PLANNED_PEERS,
     DenyListPublic,
     DeviceCode,
     ExperimentSummary,
     JoinRequest,
     JoinResponse,
     Me,
-    SettingsProposal,
     SwarmToken,
     SwarmTokenRequest,
     TokenResponse,
 )
-from swarmhub.worker.tasks import UnknownTask, get_task
 
 from .. import accounts, device, experiments, leases, metrics, quotas, swarm_view
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, api_token, reconcile_after_commit
-from ..errors import BadRequest, NotFound, documented
+from ..errors import BadRequest, documented
 from ..ratelimit import limited, limited_per_account
 from ..security import StoredText
 from ..services import services
@@ -197,31 +194,6 @@ def joinable_experiments(session: DB, user: CurrentUser, settings: AppSettings) 
 @router.get("/experiments", response_model=list[ExperimentSummary])
 def list_experiments(session: DB, user: OptionalUser) -> list[ExperimentSummary]:
     return [experiments.to_public(e) for e in experiments.list_visible(session, user)]
-
-
-MAX_PLANNED_PEERS = 100_000
-
-
-@router.get("/tasks/{task}/proposal", response_model=SettingsProposal)
-def task_proposal(
-    task: str,
-    request: Request,
-    planned_peers: Annotated[int, Query(ge=1, le=MAX_PLANNED_PEERS)] = DEFAULT_PLANNED_PEERS,
-) -> SettingsProposal:
-    """The target batch size and timings a task proposes for a swarm of ``planned_peers`` peers as fast as its
-    reference peer; the task's parameters are the other query parameters (its defaults where absent)."""
-    try:
-        task_class = get_task(task)
-    except UnknownTask as exc:
-        raise NotFound(str(exc), field="task") from None
-    params = {k: v for k, v in request.query_params.items() if k != "planned_peers"}
-    try:
-        proposal = task_class(params).proposal(planned_peers)
-    except ValidationError as exc:
-        raise RequestValidationError([{**err, "loc": ("query", *err["loc"])} for err in exc.errors()]) from None
-    if proposal is None:
-        raise NotFound(f"the task {task!r} has no reference rate to size a proposal with", field="task")
-    return proposal
 
 
 @router.post("/experiments", response_model=experiments.ExperimentPublic, status_code=201)

@@ -46,3 +46,16 @@ def browser_app(tmp_path: Path) -> FastAPI:
     return create_app(
         Settings(environment="test", data_dir=tmp_path / "data", database_url=database, swarm_enabled=False)
     )
+
+
+def sign_up(page: Any, base: str, username: str) -> None:
+    """Sign ``username`` up through the real form; the page is then signed in (the header names the account)."""
+    from playwright.sync_api import expect
+
+    from ..conftest import PASSWORD
+
+    page.goto(f"{base}/signup")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    expect(page.locator("header nav")).to_contain_text(username)

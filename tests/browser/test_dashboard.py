@@ -17,7 +17,7 @@ from swarmhub.server.app import create_app
 from swarmhub.server.settings import Settings
 
 from ..conftest import PASSWORD, LiveServer
-from .conftest import ARTIFACTS
+from .conftest import ARTIFACTS, sign_up
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -36,11 +36,7 @@ def server(tmp_path: Path):
 
 def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path):
     base = server.url
-    page.goto(f"{base}/signup")
-    page.fill("input[name=username]", "organizer")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    expect(page.locator("header nav")).to_contain_text("organizer")
+    sign_up(page, base, "organizer")
 
     page.goto(f"{base}/experiments/new")
     page.fill("input[name=title]", "Browser digits")

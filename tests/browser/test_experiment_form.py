@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from ..conftest import PASSWORD, LiveServer
-from .conftest import browser_app
+from ..conftest import LiveServer
+from .conftest import browser_app, sign_up
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
@@ -16,11 +16,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 def test_the_form_proposes_settings_that_keep_the_planned_swarm_unthrottled(page, tmp_path):
     with LiveServer(browser_app(tmp_path)) as server:
         base = server.url
-        page.goto(f"{base}/signup")
-        page.fill("input[name=username]", "organizer")
-        page.fill("input[name=password]", PASSWORD)
-        page.click("button[type=submit]")
-        expect(page.locator("header nav")).to_contain_text("organizer")
+        sign_up(page, base, "organizer")
 
         def proposal(task: str, **params: object) -> dict:
             answer = page.request.get(f"{base}/api/tasks/{task}/proposal", params=params)
