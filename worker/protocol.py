@@ -38,7 +38,7 @@ class Overlap(str, Enum):
     none = "none"  # average gradients, step, then compute the next batch
     delayed_step = "delayed-step"  # the optimizer steps in the background; its result lands one step later
     delayed_averaging = "delayed-averaging"  # gradients are also averaged in the background (one step stale)
-    # Each peer chooses for its machine (``worker.training.choose_overlap``): delayed-averaging where training leaves
+    # Each peer chooses for its machine (``worker.overlap.choose_overlap``): delayed-averaging where training leaves
     # the CPU room for hivemind's background work (a CUDA device, or a spare core), none on a busy CPU. Peers of
     # either choice average in the same rounds (``tests/test_adaptive_swarm.py`` trains the two together).
     auto = "auto"
