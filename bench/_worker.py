@@ -124,10 +124,12 @@ def run_swarmhub(cfg: dict[str, Any]) -> None:
 
         training.load_task = load_task  # type: ignore[assignment]
 
-    last_epoch: list[int | None] = [None]
+    # Every benchmark swarm starts at epoch 0: an epoch change before the first progress line (epochs shorter than
+    # the worker's report interval) is still one, with its evaluation.
+    last_epoch = [0]
 
     def on_progress(p: Any) -> None:
-        change = last_epoch[0] is not None and p.epoch != last_epoch[0]
+        change = p.epoch != last_epoch[0]
         last_epoch[0] = p.epoch
         event = {
             "event": "progress",

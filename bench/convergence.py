@@ -109,6 +109,7 @@ def swarm_curve(workers: list[c.Proc]) -> tuple[list[tuple[float, float]], dict[
         "averaged": f"{averaged}/{entered}",
         "max_gap": max(gaps, default=float("nan")),
         "batch": _mean_batch(curve),
+        "first": curve[1][0] if len(curve) > 1 else float("nan"),  # the first global batch: both start together
     }
     return curve, facts
 
@@ -265,8 +266,9 @@ def report(
     )
     for i, (_, facts) in enumerate(swarms):
         print(
-            f"swarm repeat {i + 1}: {facts['epochs']} epochs, mean global batch {facts['batch']:,.0f} samples "
-            f"(target {TARGET_BATCH_SIZE}), epoch changes after averaging with 2 peers {facts['averaged']}, "
+            f"swarm repeat {i + 1}: {facts['epochs']} epochs, first global batch {facts['first']:,.0f} samples, mean "
+            f"from epoch 1 on {facts['batch']:,.0f} (target {TARGET_BATCH_SIZE}), epoch changes after averaging with "
+            f"2 peers {facts['averaged']}, "
             f"largest loss gap between the two workers' models {facts['max_gap']:.2g}"
         )
     print("curves (samples in thousands: loss):")

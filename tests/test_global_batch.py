@@ -38,6 +38,11 @@ def two_dhts():
         first.shutdown()
 
 
+def make_tracker(dht, run_id: str, target: int, roster: swarm_epoch.Roster):  # noqa: ANN001, ANN201
+    """swarmhub's progress tracker with hivemind's read schedule, as a training peer runs it."""
+    return robust.make_tracker_class()(dht=dht, prefix=run_id, target_batch_size=target, start=True, roster=roster)
+
+
 def join_as_bob(dht, run_id: str, experiment: RSAPrivateKey, samples: int) -> None:  # noqa: ANN001
     """bob's peer enters the swarm: its roster entry (a token of the run), then a progress record, both signed by its
     key, stored through ``dht``."""
@@ -90,5 +95,61 @@ def test_a_peer_that_joins_after_the_last_roster_read_counts_towards_the_batch_a
         counted = tracker.global_progress.samples_accumulated
         assert time.monotonic() - first_read < swarm_epoch.ROSTER_CACHE_SECONDS, "too slow to tell the two apart"
         assert counted >= BOB_SAMPLES, f"bob's record was not counted: {counted} samples"
+    finally:
+        tracker.shutdown()
+
+
+def test_peers_that_start_together_count_each_other_before_either_completes_the_batch_alone(two_dhts):
+    """Two volunteers start at once. A peer's first read of the swarm's progress finds no record yet and no rate of
+    its own (hivemind's EMA starts at ~0 samples/s): hivemind schedules the next read 3 s away (10 s once its own
+    record is there), and a peer that completes the target in that time alone does: the first global batch was up to
+    1.6 targets with two peers (bench/convergence.py at 1.3 s epochs). Here the next read comes when this peer's
+    own rate says it should: the other's samples count while this one has done a fraction of the batch."""
+    from hivemind.utils.timed_storage import get_dht_time
+
+    ada_dht, bob_dht = two_dhts
+    run_id, experiment, target = "joint-start", RSAPrivateKey(), 300_000
+    roster = swarm_epoch.Roster(ada_dht, run_id, experiment.get_public_key(), own_username="ada")
+    # hivemind's read schedule as a training peer runs it (0.5 s to 10 s apart, 3 s while no record is there)
+    tracker = make_tracker(ada_dht, run_id, target, roster)
+    try:
+        tracker.report_local_progress(0, 1_000)  # the first step
+        tracker.global_progress.next_fetch_time = 0.0  # the first read comes now, before anyone else's record
+        tracker.fetched_global_progress_this_epoch.clear()
+        tracker.global_state_updated.set()
+        assert tracker.fetched_global_progress_this_epoch.wait(10), "the tracker did not read the swarm's progress"
+        scheduled = tracker.global_progress.next_fetch_time - get_dht_time()
+        assert scheduled >= 2.5, f"hivemind scheduled the next read {scheduled:.1f} s away"
+
+        join_as_bob(bob_dht, run_id, experiment, BOB_SAMPLES)
+        samples = 1_000
+        while not tracker.kept_epochs and samples < 2 * target:  # until a read has followed bob's record
+            time.sleep(0.01)  # a step of 1,000 samples every 10 ms or more: 3 s or more to the target alone
+            samples += 1_000
+            tracker.report_local_progress(0, samples)
+        assert tracker.kept_epochs, "bob's record was never read"
+        assert tracker.global_progress.samples_accumulated >= BOB_SAMPLES, "bob's samples were not counted"
+        assert samples < 0.6 * target, f"bob was counted only once this peer alone had {samples:,} of {target:,}"
+    finally:
+        tracker.shutdown()
+
+
+def test_the_rate_a_peer_publishes_is_timed_from_its_first_step(two_dhts):
+    """The seconds between the tracker's creation and the first step are the worker's start-up (the model, the
+    data, a state download), not training: counted, they keep the rate this peer publishes (which the other peers
+    extrapolate its count with) far too low for dozens of steps. A slow step (ALBERT's are seconds) makes that a
+    whole epoch."""
+    ada_dht, _ = two_dhts
+    roster = swarm_epoch.Roster(ada_dht, "rate", RSAPrivateKey().get_public_key(), own_username="ada")
+    tracker = make_tracker(ada_dht, "rate", TARGET, roster)
+    try:
+        time.sleep(2.0)  # start-up
+        started = time.monotonic()
+        for step in range(1, 7):  # 1,000 samples a step, a step every 50 ms at most: 20,000 samples/s or more
+            tracker.report_local_progress(0, step * 1_000)
+            time.sleep(0.05)
+        pace = 5_000 / (time.monotonic() - started)
+        rate = tracker.performance_ema.samples_per_second
+        assert rate > 0.5 * pace, f"the start-up counted: {rate:,.0f} samples/s published, {pace:,.0f} trained"
     finally:
         tracker.shutdown()

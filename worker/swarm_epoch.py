@@ -236,6 +236,7 @@ def make_tracker_class() -> type:
             self._signalled_at = -math.inf  # when a record was last asked for (time.monotonic())
             self._signalled_epoch: int | None = None
             self._signalled_ready = False
+            self._timing = False  # the first step was seen: the EMA times the steps from then on
             self._unsent = threading.Event()  # a count was kept back: the flusher sends it within the interval
             self.kept_epochs: dict[str, int] = {}  # volunteers' peer ID -> epoch, of the records followed last
             self._unbacked: dict[str, float] = {}  # peer ID -> monotonic time until which its records are left out
@@ -253,11 +254,19 @@ def make_tracker_class() -> type:
             extra = samples_accumulated - progress.samples_accumulated
             if update_global_samples and local_epoch == progress.epoch == self.global_progress.epoch:
                 self.global_progress.samples_accumulated += extra
-            if extra > 0:
+            if extra > 0 and self.performance_ema.num_updates == 0 and not self._timing:
+                # The first step's interval runs from the tracker's creation: the worker's start-up, not training.
+                # Counted, it would keep this peer's rate (published, and behind its next read of the swarm's
+                # progress, ``_hasten_read``) far too low for the first epoch, as hivemind's EMA forgets slowly.
+                self._timing = True
+                self.performance_ema.reset_timer()
+            elif extra > 0:
                 self.performance_ema.update(task_size=extra)
             else:
                 self.performance_ema.reset_timer()
             self.local_progress = self._get_local_progress(local_epoch, samples_accumulated)
+            if extra > 0:
+                self._hasten_read()
             ready = self.ready_to_update_epoch
             now = time.monotonic()
             urgent = local_epoch != self._signalled_epoch or (ready and not self._signalled_ready)
@@ -267,6 +276,30 @@ def make_tracker_class() -> type:
                 self.should_report_progress.set()
             else:
                 self._unsent.set()
+
+        def _hasten_read(self) -> None:
+            """Bring the swarm's next progress read forward to when hivemind would schedule it knowing this peer's
+            rate now. hivemind schedules each read from the rates it read last: at a swarm's start every rate is
+            still unknown (its EMA starts at ~0 samples/s), so the ETA is endless and the next read is
+            ``max_refresh_period`` (10 s) away, or ``default_refresh_period`` (3 s) when no record was there yet.
+            Peers that start together would each train a whole target batch on its own before reading the
+            others' records: a first global batch of N targets. With this rule the read comes
+            ``min_refresh_period`` after the first steps, and the others' first records (sent at once, see
+            ``report_local_progress``) are in it. Cheap: it wakes the fetcher only when the due time moves."""
+            from hivemind.utils.timed_storage import get_dht_time
+
+            progress: Any = self.global_progress
+            rate = self.performance_ema.samples_per_second
+            if rate <= 1e-9:
+                return
+            peers = max(int(progress.num_peers), 1)
+            expected = max(peers + self.expected_drift_peers, peers * (1 + self.expected_drift_rate))
+            remaining = max(0, self.target_batch_size - progress.samples_accumulated)
+            wait = min(max(remaining / rate * peers / expected, self.min_refresh_period), self.max_refresh_period)
+            due = get_dht_time() + wait
+            if due < progress.next_fetch_time - self.min_refresh_period:
+                progress.next_fetch_time = due
+                self.global_state_updated.set()  # the fetcher waits again, until the new due time
 
         def _flush_kept_counts(self) -> None:
             while not self.shutdown_triggered.is_set():
