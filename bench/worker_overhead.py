@@ -52,17 +52,19 @@ class Mode:
     rounds: int
     warmup: float  # seconds after the bare loop's first progress line
     window: float
-    target_batch_size: int
+    epoch_seconds: float  # of compute for one worker: what the target batch is sized for
     matchmaking_time: float
 
 
-# target_batch_size: swarm epochs of ~5 s alone at this machine's ~40k samples/s. swarmhub's loop makes an epoch last
-# at least matchmaking_time (3 s, the experiment default), which caps a swarm at target_batch_size / matchmaking_time
-# samples/s (65,536 here): the cap must stay well above the bare loop's rate, or the ratio measures the cap (at
-# 98,304 the cap was 32,768 samples/s, below this machine's bare loop). Each round prints the cap and says when the
-# worker ran near it. The window then holds about 5 whole epochs.
-FULL = Mode("full", rounds=3, warmup=3.0, window=25.0, target_batch_size=196_608, matchmaking_time=3.0)
-QUICK = Mode("quick", rounds=1, warmup=1.0, window=8.0, target_batch_size=40_960, matchmaking_time=2.0)
+# The target batch is sized for the machine: epochs of ``epoch_seconds`` alone at the rate a 2 s bare loop measures
+# at the start (``--target-batch-size`` fixes it). swarmhub's loop makes an epoch last at least matchmaking_time (3 s,
+# the experiment default), which caps a swarm at target_batch_size / matchmaking_time samples/s: the cap must stay
+# well above the bare loop's rate, or the ratio measures the cap (a fixed 98,304 capped a faster machine at 32,768
+# samples/s, below its bare loop; a fixed 196,608 left another one near the cap). At 5 s epochs the cap is 1.67x the
+# bare rate. Each round prints the cap and says when the worker ran near it. The window holds about 5 whole epochs.
+FULL = Mode("full", rounds=3, warmup=3.0, window=25.0, epoch_seconds=5.0, matchmaking_time=3.0)
+QUICK = Mode("quick", rounds=1, warmup=1.0, window=8.0, epoch_seconds=3.0, matchmaking_time=2.0)
+TARGET_BATCH_SIZE = 0  # set in main
 
 
 def free_port() -> int:
@@ -104,7 +106,7 @@ class Server:
 
     def start_experiment(self, mode: Mode) -> str:
         slug = f"bench-{uuid.uuid4().hex[:8]}"
-        exp = c.experiment_config(target_batch_size=mode.target_batch_size, matchmaking_time=mode.matchmaking_time)
+        exp = c.experiment_config(target_batch_size=TARGET_BATCH_SIZE, matchmaking_time=mode.matchmaking_time)
         created = self.http.post("/api/experiments", json={"slug": slug, "title": "Benchmark digits", **exp})
         if created.status_code != 201:
             raise c.BenchError(f"could not create the experiment: {created.status_code} {created.text[:500]}")
@@ -166,7 +168,7 @@ def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode) -> dict[str
         "steps_per_second": steps / (t1 - t0),
         "server_peer_cores": server_helpers,
         "monitor_cores": (monitor1 - monitor0) / (t1 - t0),
-        "rate_cap": mode.target_batch_size / mode.matchmaking_time,
+        "rate_cap": TARGET_BATCH_SIZE / mode.matchmaking_time,
         "swarmhub": measured[0],
         "swarmhub_how": measured[1],
         "swarmhub_cpu": cpu,
@@ -177,7 +179,7 @@ def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode) -> dict[str
 
 
 def bare_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
-    exp = c.experiment_config(target_batch_size=mode.target_batch_size)
+    exp = c.experiment_config(target_batch_size=TARGET_BATCH_SIZE)
     config = {
         "hidden_size": exp["task_params"]["hidden_size"],
         "batch_size": exp["task_params"]["batch_size"],
@@ -202,11 +204,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of under a minute")
     parser.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
+    parser.add_argument(
+        "--target-batch-size",
+        type=int,
+        default=None,
+        help="the experiment's target batch size (default: what one worker of this machine computes in the mode's "
+        "epoch time, measured with a bare loop at the start)",
+    )
     args = parser.parse_args()
+    global TARGET_BATCH_SIZE
     mode = QUICK if args.quick else FULL
     rounds = args.rounds or mode.rounds
-    exp = c.experiment_config(target_batch_size=mode.target_batch_size, matchmaking_time=mode.matchmaking_time)
     print(f"worker_overhead ({mode.name}): {c.machine_line()}")
+    if args.target_batch_size is None:
+        bare = c.bare_rate(c.HIDDEN_SIZE, c.BATCH_SIZE)
+        TARGET_BATCH_SIZE = c.batch_for(1, bare, mode.epoch_seconds, c.BATCH_SIZE)
+        print(
+            f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on one thread here: target batch "
+            f"{TARGET_BATCH_SIZE:,} for epochs of about {mode.epoch_seconds:g} s"
+        )
+    else:
+        TARGET_BATCH_SIZE = args.target_batch_size
+    exp = c.experiment_config(target_batch_size=TARGET_BATCH_SIZE, matchmaking_time=mode.matchmaking_time)
     params = exp["task_params"]
     print(
         f"workload: digits MLP hidden_size={params['hidden_size']}, batch {params['batch_size']}"
