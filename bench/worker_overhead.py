@@ -19,8 +19,14 @@ a swarm of one, its helper processes, the reporter, the progress line); the serv
 machine too (in production they run elsewhere). Rounds alternate the two variants (order flipped each round);
 the report gives the median and min..max over rounds.
 
-Command: ``.venv/bin/python bench/worker_overhead.py [--quick]`` (full: 3 rounds, about 4-5 minutes on a 2-core
-machine; --quick: one short round, under a minute). Exits 0 whether the target is met or not; nonzero only when
+``--compare-overlap`` also runs the worker with the experiment's ``overlap`` at ``delayed-averaging`` in each round,
+against ``none`` (the rounds then run bare, none, delayed-averaging, the order flipped each round): the case
+``overlap: auto`` picks delayed-averaging for, a peer with a core to spare (one training thread; its helpers, the
+server and the witness it averages with every epoch share the other core). It prints the ratio and what ``auto``
+picks on the machine.
+
+Command: ``.venv/bin/python bench/worker_overhead.py [--quick] [--compare-overlap]`` (full: 3 rounds, about 4-5
+minutes on a 2-core machine, 6-7 with --compare-overlap; --quick: one short round, under a minute). Exits 0 whether the target is met or not; nonzero only when
 the benchmark itself fails. Leaves no process behind.
 """
 
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import secrets
 import signal
 import socket
@@ -65,6 +72,7 @@ class Mode:
 FULL = Mode("full", rounds=3, warmup=3.0, window=25.0, epoch_seconds=5.0, matchmaking_time=3.0)
 QUICK = Mode("quick", rounds=1, warmup=1.0, window=8.0, epoch_seconds=3.0, matchmaking_time=2.0)
 TARGET_BATCH_SIZE = 0  # set in main
+DELAYED = "delayed-averaging"
 
 
 def free_port() -> int:
@@ -104,9 +112,11 @@ class Server:
         self.token = response.json()["access_token"]
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
 
-    def start_experiment(self, mode: Mode) -> str:
+    def start_experiment(self, mode: Mode, overlap: str | None = None) -> str:
         slug = f"bench-{uuid.uuid4().hex[:8]}"
-        exp = c.experiment_config(target_batch_size=TARGET_BATCH_SIZE, matchmaking_time=mode.matchmaking_time)
+        exp = c.experiment_config(
+            target_batch_size=TARGET_BATCH_SIZE, matchmaking_time=mode.matchmaking_time, overlap=overlap
+        )
         created = self.http.post("/api/experiments", json={"slug": slug, "title": "Benchmark digits", **exp})
         if created.status_code != 201:
             raise c.BenchError(f"could not create the experiment: {created.status_code} {created.text[:500]}")
@@ -137,12 +147,15 @@ def monitor_seconds(server: Server) -> float:
     return total
 
 
-def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode) -> dict[str, Any]:
-    slug = server.start_experiment(mode)
-    state = h.tmp / f"r{r}-state"
+def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode, overlap: str | None = None) -> dict[str, Any]:
+    """The worker alone in its experiment's swarm with the server's peers (the witness averages with it every
+    epoch), with the experiment's ``overlap`` (None: the default)."""
+    slug = server.start_experiment(mode, overlap)
+    name = f"r{r}-swarmhub" + (f"-{overlap}" if overlap else "")
+    state = h.tmp / f"{name}-state"
     state.mkdir()
     config = {"url": server.url, "token": server.token, "slug": slug, "state_dir": str(state)}
-    worker = h.worker(f"r{r}-swarmhub", "server", config)
+    worker = h.worker(name, "server", config)
     c.wait_progress([worker], 180)
     t0 = c.wait_epochs([worker], 1, 120)  # the first epoch ends (startup and first-epoch estimates behind us)
     cpu0, monitor0 = c.cpu_seconds([worker, server.proc]), monitor_seconds(server)
@@ -157,6 +170,7 @@ def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode) -> dict[str
         raise c.BenchError(f"swarmhub round {r}: exit code {codes}\n{worker.log_tail()}")
     measured = c.swarm_rate([worker], t0, t1)
     reports = len(c.progress(worker.events))
+    changes = [e for e in c.progress(worker.events) if e.get("epoch_change") and t0 <= e["t"] <= t1]
     # The worker's helper processes (DHT, averagers, p2pd) per training step, and the server's swarm processes
     # (its bootstrap/monitor peer) in cores: issue targets <= 1.5 ms per step and <= 0.05 cores per worker.
     steps = c.samples_at(worker.events, t1) - c.samples_at(worker.events, t0)
@@ -175,6 +189,7 @@ def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode) -> dict[str
         "reports": reports,
         "unacked": summary.get("unacked", "?"),
         "peers": max((e.get("peers", 0) for e in c.progress(worker.events)), default=0),
+        "averaged": f"{sum(1 for e in changes if (e.get('averaged_peers') or 0) >= 2)}/{len(changes)}",
     }
 
 
@@ -211,6 +226,12 @@ def main() -> int:
         help="the experiment's target batch size (default: what one worker of this machine computes in the mode's "
         "epoch time, measured with a bare loop at the start)",
     )
+    parser.add_argument(
+        "--compare-overlap",
+        action="store_true",
+        help="also run the worker with overlap delayed-averaging in each round, against none: a peer with a core "
+        "to spare (one training thread on a machine of two or more cores)",
+    )
     args = parser.parse_args()
     global TARGET_BATCH_SIZE
     mode = QUICK if args.quick else FULL
@@ -233,6 +254,7 @@ def main() -> int:
         f"matchmaking_time {exp['matchmaking_time']} s, a swarm of one; one thread each; {rounds} round(s)"
     )
     started = time.monotonic()
+    busy_at_start = os.getloadavg()[0]
     load = c.MachineLoad()
     results: list[dict[str, Any]] = []
     with c.Harness("overhead") as h:
@@ -242,10 +264,16 @@ def main() -> int:
             for r in range(rounds):
                 row: dict[str, Any] = {}
                 order = ["bare", "swarmhub"] if r % 2 == 0 else ["swarmhub", "bare"]
+                if args.compare_overlap:  # none and delayed-averaging back to back, their order flipped each round
+                    order = ["bare", "swarmhub", DELAYED] if r % 2 == 0 else [DELAYED, "swarmhub", "bare"]
                 for variant in order:
                     with c.phase(f"round {r + 1}/{rounds}: {variant}"):
                         if variant == "swarmhub":
-                            row.update(swarmhub_round(h, server, r, mode))
+                            overlap = "none" if args.compare_overlap else None
+                            row.update(swarmhub_round(h, server, r, mode, overlap))
+                        elif variant == DELAYED:
+                            delayed = swarmhub_round(h, server, r, mode, DELAYED)
+                            row.update({f"delayed_{key}": value for key, value in delayed.items()})
                         else:
                             row.update(bare_round(h, r, mode))
                 results.append(row)
@@ -254,9 +282,44 @@ def main() -> int:
         h.stop([server.proc], timeout=60)
         cleanup = h.check_no_leftovers()
     report(results, rounds, time.monotonic() - started)
+    if args.compare_overlap:
+        report_overlap(results, busy_at_start)
     print(cleanup)
     print(load.line())
     return 0
+
+
+def report_overlap(results: list[dict[str, Any]], busy_at_start: float) -> None:
+    """The worker with a core to spare: delayed-averaging against none, round by round, and what ``auto`` picks."""
+    import torch
+
+    from swarmhub.worker.overlap import choose_overlap
+    from swarmhub.worker.protocol import Overlap
+
+    none = [r["swarmhub"] for r in results]
+    delayed = [r["delayed_swarmhub"] for r in results]
+    ratios = [d / n for d, n in zip(delayed, none, strict=True)]
+    print()
+    print("overlap, for a worker with a core to spare (one training thread; its helpers and the server's peers share")
+    print("the other core): samples/s, median and min..max over rounds")
+    headers = ["overlap", *[f"round {i + 1}" for i in range(len(results))], "median", "spread"]
+    rows = [
+        ["none", *none, c.median(none), c.spread(none)],
+        ["delayed-averaging", *delayed, c.median(delayed), c.spread(delayed)],
+        ["ratio delayed-averaging/none", *ratios, c.median(ratios), c.spread(ratios)],
+    ]
+    print(c.table(headers, rows))
+    for i, r in enumerate(results):
+        print(
+            f"round {i + 1}: epochs averaged with the witness: none {r['averaged']}, delayed-averaging "
+            f"{r['delayed_averaged']}; helpers {r['helper_ms_per_step']:.2f} vs {r['delayed_helper_ms_per_step']:.2f} "
+            f"ms per step; cores {r['swarmhub_cpu']} vs {r['delayed_swarmhub_cpu']}"
+        )
+    auto = choose_overlap(Overlap.auto, torch.device("cpu"), threads=1, busy=busy_at_start)
+    print(
+        f"overlap auto on this machine ({os.cpu_count()} CPUs, 1 training thread, load average {busy_at_start:.2f} at "
+        f"the start) picks {auto.value}; delayed-averaging/none = {c.median(ratios):.3f}"
+    )
 
 
 def report(results: list[dict[str, Any]], rounds: int, elapsed: float) -> None:
