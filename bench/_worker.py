@@ -365,10 +365,10 @@ def run_server(cfg: dict[str, Any]) -> None:
     class RecordingReporter(Reporter):
         """The real reporter; each message is also printed here with its time, for the measurement."""
 
-        last_epoch: int | None = None
+        last_epoch = 0  # a new experiment: the swarm starts at epoch 0
 
         def report(self, msg: MetricReport) -> None:
-            change = self.last_epoch is not None and msg.epoch != self.last_epoch
+            change = msg.epoch != self.last_epoch
             self.last_epoch = msg.epoch
             emit(
                 {
@@ -379,6 +379,7 @@ def run_server(cfg: dict[str, Any]) -> None:
                     "epoch_change": change,
                     "loss": msg.loss,
                     "peers": msg.peers,
+                    "averaged_peers": msg.averaged_peers,
                 }
             )
             super().report(msg)
