@@ -20,10 +20,9 @@ machine too (in production they run elsewhere). Rounds alternate the two variant
 the report gives the median and min..max over rounds.
 
 ``--compare-overlap`` also runs the worker with the experiment's ``overlap`` at ``delayed-averaging`` in each round,
-against ``none`` (the rounds then run bare, none, delayed-averaging, the order flipped each round): the case
-``overlap: auto`` picks delayed-averaging for, a peer with a core to spare (one training thread; its helpers, the
-server and the witness it averages with every epoch share the other core). It prints the ratio and what ``auto``
-picks on the machine.
+against ``none`` (the rounds then run bare, none, delayed-averaging, the order flipped each round), for
+a peer with a core to spare (one training thread; its helpers, the server and the witness it averages with every
+epoch share the other core). It prints the ratio and what ``overlap: auto`` picks for a CPU peer.
 
 Command: ``.venv/bin/python bench/worker_overhead.py [--quick] [--compare-overlap]`` (full: 3 rounds, about 4-5
 minutes on a 2-core machine, 6-7 with --compare-overlap; --quick: one short round, under a minute). Exits 0
@@ -317,10 +316,10 @@ def report_overlap(results: list[dict[str, Any]], busy_at_start: float) -> None:
             f"{r['delayed_averaged']}; helpers {r['helper_ms_per_step']:.2f} vs {r['delayed_helper_ms_per_step']:.2f} "
             f"ms per step; cores {r['swarmhub_cpu']} vs {r['delayed_swarmhub_cpu']}"
         )
-    auto = choose_overlap(Overlap.auto, torch.device("cpu"), threads=1, busy=busy_at_start)
+    auto = choose_overlap(Overlap.auto, torch.device("cpu"))
     print(
-        f"overlap auto on this machine ({os.cpu_count()} CPUs, 1 training thread, load average {busy_at_start:.2f} at "
-        f"the start) picks {auto.value}; delayed-averaging/none = {c.median(ratios):.3f}"
+        f"overlap auto picks {auto.value} for a CPU peer ({os.cpu_count()} CPUs here, 1 training thread, load average "
+        f"{busy_at_start:.2f} at the start); delayed-averaging/none = {c.median(ratios):.3f}"
     )
 
 

@@ -3,7 +3,6 @@ hivemind.Optimizer's delayed-update options, and the choice a peer makes for its
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -11,27 +10,16 @@ import torch
 from .protocol import Overlap
 
 
-def choose_overlap(
-    overlap: Overlap,
-    device: torch.device,
-    *,
-    threads: int | None = None,
-    cpus: int | None = None,
-    busy: float | None = None,
-) -> Overlap:
-    """The overlap this peer trains with. ``auto``: ``delayed-averaging`` when training leaves room for hivemind's
-    background averaging and offloaded optimizer step (a CUDA device computes, the CPU is free; or the machine has
-    at least one core beyond the training threads and what other processes keep busy: ``busy``, the one-minute
-    load average), ``none`` on a busy CPU, where the background work would only take cores from training
-    (measured: docs/benchmarks.md, section 1). Any other setting is the experiment's, as it is."""
+def choose_overlap(overlap: Overlap, device: torch.device) -> Overlap:
+    """The overlap this peer trains with. ``auto``: ``delayed-averaging`` on a CUDA device, where the device computes
+    and the CPU is free for hivemind's background averaging and offloaded optimizer step (hivemind's ALBERT setup;
+    not measured here yet), ``none`` on a CPU. On a CPU, delayed-averaging measured no faster with a core to spare
+    (a worker with one training thread on 2 cores: 0.966 of none, docs/benchmarks.md, section 1) and slower without
+    one (two workers sharing 2 cores), while its step uses gradients one step stale. Any other setting is the
+    experiment's, as it is."""
     if overlap != Overlap.auto:
         return overlap
-    if device.type == "cuda":
-        return Overlap.delayed_averaging
-    threads = torch.get_num_threads() if threads is None else threads
-    cpus = (os.cpu_count() or 1) if cpus is None else cpus
-    busy = os.getloadavg()[0] if busy is None else busy
-    return Overlap.delayed_averaging if cpus - threads - busy >= 1 else Overlap.none
+    return Overlap.delayed_averaging if device.type == "cuda" else Overlap.none
 
 
 def overlap_options(overlap: Overlap) -> dict[str, Any]:

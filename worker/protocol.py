@@ -38,9 +38,10 @@ class Overlap(str, Enum):
     none = "none"  # average gradients, step, then compute the next batch
     delayed_step = "delayed-step"  # the optimizer steps in the background; its result lands one step later
     delayed_averaging = "delayed-averaging"  # gradients are also averaged in the background (one step stale)
-    # Each peer chooses for its machine (``worker.overlap.choose_overlap``): delayed-averaging where training leaves
-    # the CPU room for hivemind's background work (a CUDA device, or a spare core), none on a busy CPU. Peers of
-    # either choice average in the same rounds (``tests/test_adaptive_swarm.py`` trains the two together).
+    # Each peer chooses for its device (``worker.overlap.choose_overlap``): delayed-averaging on a CUDA device, whose
+    # CPU is free for hivemind's background work; none on a CPU, where delayed-averaging measured no faster even
+    # with a core to spare. Peers of either choice average in the same rounds (``tests/test_adaptive_swarm.py``
+    # trains the two together).
     auto = "auto"
 
 
@@ -98,8 +99,7 @@ class TrainingSettings(BaseModel):
     overlap: Overlap = Field(
         default=Overlap.none,
         description="Overlap communication with computation: none, delayed-step, delayed-averaging "
-        "(faster on slow links, one step of staleness), or auto (each peer picks delayed-averaging on a CUDA device "
-        "or with a spare CPU core, none on a busy CPU)",
+        "(one step of staleness), or auto (each peer picks delayed-averaging on a CUDA device, none on a CPU)",
     )
 
 
