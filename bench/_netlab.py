@@ -322,10 +322,10 @@ def run_worker(cfg: dict[str, Any]) -> None:
     trace_hivemind()
     stop = threading.Event()
     watch_stdin(stop.set)
-    last_epoch: list[int | None] = [None]
+    last_epoch = [0]  # every run's swarm starts at epoch 0
 
     def on_progress(p: Any) -> None:
-        change = last_epoch[0] is not None and p.epoch != last_epoch[0]
+        change = p.epoch != last_epoch[0]
         last_epoch[0] = p.epoch
         _emit({"event": "progress", "samples": p.samples, "step": p.step, "epoch": p.epoch, "epoch_change": change,
                "peers": p.peers, "averaged_peers": p.averaged_peers})  # fmt: skip

@@ -40,6 +40,11 @@ Target: averaging rounds at least 1.3x faster adaptive than naive (median naive 
 time >= 1.3). Prints PASS or MISS and exits 0 either way; nonzero only when the benchmark itself fails. Deletes
 every namespace it created, also on an error or Ctrl-C, and leaves no process behind (no p2pd).
 
+``--compare-overlap`` runs the adaptive variant with the experiment's ``overlap`` at ``none`` and at
+``delayed-averaging`` instead, two trainers only (slow1 and slow2, 10 Mbit/s each; no auxiliary peer), and prints
+the trainers' samples/s together: on links this slow the all-reduce is a large share of each epoch, which is what
+averaging in the background is meant to hide.
+
 ``--allreduce`` times plain hivemind all-reduce rounds instead (no training, every peer in every round), under each
 of the adaptations on its own: it shows where the time of a round goes.
 
@@ -69,7 +74,7 @@ NETLAB = str(Path(__file__).resolve().with_name("_netlab.py"))
 PROBE_PORT = 8080
 PEER_PORT = 41000  # the swarm peer's port in the switch namespace: one per run
 TARGET_SPEEDUP = 1.3
-TRAINERS = ("fast", "slow1", "slow2", "nat")
+TRAINERS: tuple[str, ...] = ("fast", "slow1", "slow2", "nat")
 LINKS = [
     net.Link("fast", f"{net.SUBNET}.11", 100.0),
     net.Link("slow1", f"{net.SUBNET}.12", 10.0),
@@ -77,8 +82,9 @@ LINKS = [
     net.Link("nat", f"{net.SUBNET}.14", 20.0, unreachable=True),
     net.Link("aux", f"{net.SUBNET}.15", 100.0),
 ]
-VARIANTS = ("adaptive", "naive")
+VARIANTS: tuple[str, ...] = ("adaptive", "naive")
 WITH_AUX = True  # --no-aux: the adaptive variant without its auxiliary peer
+OVERLAPS = ("none", "delayed-averaging")  # --compare-overlap: the adaptive variant with each, two slow trainers
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ FULL = Mode("full", runs=3, max_warmup=12, rounds=12, max_window=25, epoch_secon
 QUICK = Mode("quick", runs=1, max_warmup=0, rounds=4, max_window=10, epoch_seconds=1.5, hidden_size=1024)
 
 
-def experiment(mode: Mode) -> dict[str, Any]:
+def experiment(mode: Mode, overlap: str | None = None) -> dict[str, Any]:
     # matchmaking_time and averaging_timeout: the experiment defaults (TrainingSettings)
     return c.experiment_config(
         hidden_size=mode.hidden_size,
@@ -111,6 +117,7 @@ def experiment(mode: Mode) -> dict[str, Any]:
         target_batch_size=mode.target_batch_size,
         matchmaking_time=3.0,
         averaging_timeout=30.0,
+        overlap=overlap,
     )
 
 
@@ -159,13 +166,16 @@ def wait_rounds(procs: list[c.Proc], events: Any, since: float, rounds: int, tim
     return time.time()
 
 
-def run_variant(h: c.Harness, lab: net.Lab, variant: str, run: int, mode: Mode, probe_url: str) -> dict[str, Any]:
-    prefix = f"r{run}-{variant}"
+def run_variant(
+    h: c.Harness, lab: net.Lab, variant: str, run: int, mode: Mode, probe_url: str, overlap: str | None = None
+) -> dict[str, Any]:
+    prefix = f"r{run}-{variant}" + (f"-{overlap}" if overlap else "")
     adaptive = variant == "adaptive"
     spawned = time.time()
-    argv, peer = swarm_peer_argv(h, lab, f"{prefix}-peer", PEER_PORT + 2 * run + adaptive)
+    slot = OVERLAPS.index(overlap) if overlap else adaptive  # the swarm peer's port: one per run and variant
+    argv, peer = swarm_peer_argv(h, lab, f"{prefix}-peer", PEER_PORT + 2 * run + slot)
     peer.proc = h.spawn(f"{prefix}-peer", argv)
-    exp = experiment(mode)
+    exp = experiment(mode, overlap)
     roles = [*TRAINERS, "aux"] if adaptive and WITH_AUX else list(TRAINERS)
     ready, go = h.tmp / f"{prefix}.ready", h.tmp / f"{prefix}.go"
     procs: dict[str, c.Proc] = {}
@@ -234,6 +244,7 @@ def run_variant(h: c.Harness, lab: net.Lab, variant: str, run: int, mode: Mode, 
         (h.tmp / f"{prefix}-{role}.events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in proc.events))
     (h.tmp / f"{prefix}.window.json").write_text(json.dumps({"t0": t0, "t1": t1}))
     result = analyse({role: procs[role].events for role in procs}, t0, t1)
+    result["samples_per_second"] = c.swarm_rate(trainers, t0, t1)[0]  # the trainers' together
     last = spawned
     result["phases"] = {}
     for name, t in phases.items():
@@ -486,6 +497,31 @@ def report(results: dict[str, list[dict[str, Any]]], mode: Mode, elapsed: float)
     return met
 
 
+def report_overlap(results: dict[str, list[dict[str, Any]]]) -> None:
+    """--compare-overlap: the two slow trainers' samples/s with each overlap, run by run."""
+    none, delayed = ([r["samples_per_second"] for r in results[o]] for o in OVERLAPS)
+    ratios = [d / n for d, n in zip(delayed, none, strict=True)]
+    print()
+    print("overlap on slow links (two trainers on 10 Mbit/s, one thread each): the trainers' samples/s together")
+    headers = ["overlap", *[f"run {i + 1}" for i in range(len(none))], "median", "spread"]
+    rows = [
+        ["none", *none, c.median(none), c.spread(none)],
+        ["delayed-averaging", *delayed, c.median(delayed), c.spread(delayed)],
+        ["ratio delayed-averaging/none", *ratios, c.median(ratios), c.spread(ratios)],
+    ]
+    print(c.table(headers, rows))
+    for overlap in OVERLAPS:
+        rs = results[overlap]
+        times = ", ".join(f"{r['round_time']:.2f}" for r in rs)
+        per_minute = ", ".join(f"{r['averaged_per_min']:.1f}" for r in rs)
+        failed = ", ".join(str(r["failed"]) for r in rs)
+        print(
+            f"{overlap}: averaging round time (median per run) {times} s; gradients averaged a minute {per_minute}; "
+            f"trainer rounds not fully averaged {failed}; cores {', '.join(str(r['cpu']) for r in rs)}"
+        )
+    print(f"delayed-averaging / none = {c.median(ratios):.3f}")
+
+
 def _mib(hidden: int) -> float:
     return (64 * hidden + hidden + hidden * 10 + 10) * 4 / 2**20
 
@@ -604,13 +640,21 @@ def main() -> int:
         "--no-aux", action="store_true", help="the adaptive variant without its auxiliary peer (bandwidth, client mode)"
     )
     parser.add_argument(
+        "--compare-overlap",
+        action="store_true",
+        help="instead: the adaptive variant with overlap none against delayed-averaging, two trainers on 10 Mbit/s "
+        "links (slow1, slow2), no auxiliary peer: do the trainers train faster when averaging runs in the background?",
+    )
+    parser.add_argument(
         "--allreduce",
         action="store_true",
         help="instead: time plain hivemind all-reduce rounds (no training) under each of swarmhub's adaptations",
     )
     args = parser.parse_args()
-    global WITH_AUX
-    WITH_AUX = not args.no_aux
+    global WITH_AUX, TRAINERS, VARIANTS
+    WITH_AUX = not args.no_aux and not args.compare_overlap
+    if args.compare_overlap:
+        TRAINERS, VARIANTS = ("slow1", "slow2"), OVERLAPS
     why = net.netns_available()
     if why is not None:
         print(f"error: heterogeneous_network {why}", file=sys.stderr)
@@ -634,7 +678,8 @@ def main() -> int:
     )
     exp = experiment(mode)
     print(
-        f"workload: 4 trainers, digits MLP hidden_size={mode.hidden_size} ({_mib(mode.hidden_size):.2f} MiB of fp32 "
+        f"workload: {len(TRAINERS)} trainers ({', '.join(TRAINERS)}), digits MLP hidden_size={mode.hidden_size} "
+        f"({_mib(mode.hidden_size):.2f} MiB of fp32 "
         f"gradients), batch {mode.batch_size}/step, target_batch_size {mode.target_batch_size}, matchmaking_time "
         f"{exp['matchmaking_time']} s, averaging_timeout {exp['averaging_timeout']} s, one thread each; links "
         + ", ".join(f"{x.role} {x.mbit:g} Mbit/s{' (unreachable)' if x.unreachable else ''}" for x in LINKS)
@@ -654,11 +699,15 @@ def main() -> int:
                 order = VARIANTS if run % 2 == 0 else VARIANTS[::-1]
                 for variant in order:
                     with c.phase(f"run {run + 1}/{mode.runs}: {variant}"):
-                        result = run_variant(h, lab, variant, run, mode, url)
+                        if args.compare_overlap:
+                            result = run_variant(h, lab, "adaptive", run, mode, url, overlap=variant)
+                        else:
+                            result = run_variant(h, lab, variant, run, mode, url)
                         results[variant].append(result)
                         print(
                             f"     averaging round time {result['round_time']:.2f} s over {result['rounds']} trainer "
-                            f"rounds ({result['failed']} failed), phases (s) {_phases(result['phases'])}"
+                            f"rounds ({result['failed']} failed), trainers {result['samples_per_second']:,.0f} "
+                            f"samples/s, phases (s) {_phases(result['phases'])}"
                         )
             cleanup = h.check_no_leftovers()
     finally:
@@ -670,7 +719,9 @@ def main() -> int:
     ours = [ns for ns in net.list_namespaces() if ns.startswith(lab.tag)]
     if ours:
         raise c.BenchError(f"namespaces left behind: {ours}")
-    if not args.allreduce:
+    if args.compare_overlap:
+        report_overlap(results)
+    elif not args.allreduce:
         report(results, mode, time.monotonic() - started)
     print(f"{cleanup}; namespaces: all {len(LINKS) + 1} deleted")
     return 0
