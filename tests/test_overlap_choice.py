@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from swarmhub.worker.overlap import choose_overlap, overlap_options
+from swarmhub.worker.overlap import choose_overlap, overlap_options, round_seconds
 from swarmhub.worker.protocol import Overlap
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -15,9 +16,18 @@ def test_a_cuda_peer_averages_in_the_background():
     assert choose_overlap(Overlap.auto, CUDA) == Overlap.delayed_averaging
 
 
-def test_a_cpu_peer_averages_before_it_steps():
-    # measured on a CPU: no faster with a core to spare, slower without one (docs/benchmarks.md, section 1)
-    assert choose_overlap(Overlap.auto, CPU) == Overlap.none
+def test_a_cpu_peer_averages_in_the_background_only_where_its_link_makes_rounds_long():
+    digits = 307_210  # digits' widest MLP: 1.2 MiB of fp32 gradients
+    # over a fast link a round is short: background averaging measured no faster (docs/benchmarks.md, section 1)
+    assert choose_overlap(Overlap.auto, CPU, parameters=digits, bandwidth=1_000.0) == Overlap.none
+    # at 10 Mbit/s a round of the same vector takes about a second: measured faster in the background
+    assert round_seconds(digits, 10.0) == pytest.approx(0.98, abs=0.01)
+    assert choose_overlap(Overlap.auto, CPU, parameters=digits, bandwidth=10.0) == Overlap.delayed_averaging
+    # a large model makes rounds long on a good home link too (ALBERT-large: 18M parameters, 100 Mbit/s: ~6 s)
+    assert choose_overlap(Overlap.auto, CPU, parameters=18_000_000, bandwidth=100.0) == Overlap.delayed_averaging
+    # a link nobody measured (no pre-flight): the measured-safe choice
+    assert choose_overlap(Overlap.auto, CPU, parameters=18_000_000, bandwidth=None) == Overlap.none
+    assert round_seconds(digits, None) is None
 
 
 def test_a_setting_other_than_auto_is_the_experiments():

@@ -9,17 +9,37 @@ import torch
 
 from .protocol import Overlap
 
+# Under ``auto``, a CPU peer averages in the background when one round's all-reduce at its measured bandwidth would
+# take at least this long. Measured (docs/benchmarks.md, section 1): over loopback (a 1.2 MiB vector, ~10 ms)
+# delayed-averaging was 0.966 of none for a worker with a core to spare, and slower for two workers sharing 2 cores;
+# on 10 Mbit/s links (the same vector, ~1 s a round) two workers sharing 2 cores trained 1.39 (1.35..1.60)
+# times as fast with it.
+BACKGROUND_ROUND_SECONDS = 0.25
 
-def choose_overlap(overlap: Overlap, device: torch.device) -> Overlap:
+
+def round_seconds(parameters: int, bandwidth: float | None) -> float | None:
+    """About how long one all-reduce of ``parameters`` fp32 gradients takes at ``bandwidth`` Mbit/s (the slower
+    direction: a peer sends and receives about its whole vector); None when the bandwidth is unknown."""
+    if bandwidth is None or bandwidth <= 0:
+        return None
+    return parameters * 32 / (bandwidth * 1e6)
+
+
+def choose_overlap(
+    overlap: Overlap, device: torch.device, *, parameters: int = 0, bandwidth: float | None = None
+) -> Overlap:
     """The overlap this peer trains with. ``auto``: ``delayed-averaging`` on a CUDA device, where the device computes
     and the CPU is free for hivemind's background averaging and offloaded optimizer step (hivemind's ALBERT setup;
-    not measured here yet), ``none`` on a CPU. On a CPU, delayed-averaging measured no faster with a core to spare
-    (a worker with one training thread on 2 cores: 0.966 of none, docs/benchmarks.md, section 1) and slower without
-    one (two workers sharing 2 cores), while its step uses gradients one step stale. Any other setting is the
-    experiment's, as it is."""
+    not measured here yet), and on a CPU whose link makes a round of the model's gradients last at least
+    ``BACKGROUND_ROUND_SECONDS`` (``bandwidth``: join's measured Mbit/s); ``none`` on a CPU with a fast or unmeasured
+    link, where delayed-averaging measured no faster and its step uses gradients one step stale. Any other setting
+    is the experiment's, as it is."""
     if overlap != Overlap.auto:
         return overlap
-    return Overlap.delayed_averaging if device.type == "cuda" else Overlap.none
+    if device.type == "cuda":
+        return Overlap.delayed_averaging
+    seconds = round_seconds(parameters, bandwidth)
+    return Overlap.delayed_averaging if seconds is not None and seconds >= BACKGROUND_ROUND_SECONDS else Overlap.none
 
 
 def overlap_options(overlap: Overlap) -> dict[str, Any]:

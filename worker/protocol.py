@@ -38,10 +38,11 @@ class Overlap(str, Enum):
     none = "none"  # average gradients, step, then compute the next batch
     delayed_step = "delayed-step"  # the optimizer steps in the background; its result lands one step later
     delayed_averaging = "delayed-averaging"  # gradients are also averaged in the background (one step stale)
-    # Each peer chooses for its device (``worker.overlap.choose_overlap``): delayed-averaging on a CUDA device, whose
-    # CPU is free for hivemind's background work; none on a CPU, where delayed-averaging measured no faster even
-    # with a core to spare. Peers of either choice average in the same rounds (``tests/test_adaptive_swarm.py``
-    # trains the two together).
+    # Each peer chooses for its device and link (``worker.overlap.choose_overlap``): delayed-averaging on a CUDA
+    # device, whose CPU is free for hivemind's background work, and on a CPU whose measured link makes a round of
+    # the model's gradients long (measured faster there); none on a CPU with a fast or unmeasured link (measured no
+    # faster). Peers of either choice average in the same rounds (``tests/test_adaptive_swarm.py`` trains the two
+    # together).
     auto = "auto"
 
 
@@ -99,7 +100,8 @@ class TrainingSettings(BaseModel):
     overlap: Overlap = Field(
         default=Overlap.none,
         description="Overlap communication with computation: none, delayed-step, delayed-averaging "
-        "(one step of staleness), or auto (each peer picks delayed-averaging on a CUDA device, none on a CPU)",
+        "(one step of staleness), or auto (each peer picks delayed-averaging on a CUDA device or a slow link, none "
+        "otherwise)",
     )
 
 

@@ -221,7 +221,8 @@ def train(
     summary = TrainingSummary()
     amp = resolve_precision(precision, torch_device)
     summary.precision = amp
-    overlap = choose_overlap(cfg.overlap, torch_device)
+    parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    overlap = choose_overlap(cfg.overlap, torch_device, parameters=parameters, bandwidth=bandwidth)
     summary.overlap = overlap.value
     if overlap != cfg.overlap:
         logger.info("overlap %s: training with %s on this machine", cfg.overlap.value, overlap.value)
