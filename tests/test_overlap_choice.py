@@ -28,6 +28,9 @@ def test_a_cpu_peer_averages_in_the_background_only_where_its_link_makes_rounds_
     # a link nobody measured (no pre-flight): the measured-safe choice
     assert choose_overlap(Overlap.auto, CPU, parameters=18_000_000, bandwidth=None) == Overlap.none
     assert round_seconds(digits, None) is None
+    # an auxiliary peer computes nothing that averaging could overlap
+    assert choose_overlap(Overlap.auto, CPU, parameters=digits, bandwidth=10.0, auxiliary=True) == Overlap.none
+    assert choose_overlap(Overlap.auto, CUDA, auxiliary=True) == Overlap.none
 
 
 def test_a_setting_other_than_auto_is_the_experiments():

@@ -26,16 +26,23 @@ def round_seconds(parameters: int, bandwidth: float | None) -> float | None:
 
 
 def choose_overlap(
-    overlap: Overlap, device: torch.device, *, parameters: int = 0, bandwidth: float | None = None
+    overlap: Overlap,
+    device: torch.device,
+    *,
+    parameters: int = 0,
+    bandwidth: float | None = None,
+    auxiliary: bool = False,
 ) -> Overlap:
     """The overlap this peer trains with. ``auto``: ``delayed-averaging`` on a CUDA device, where the device computes
     and the CPU is free for hivemind's background averaging and offloaded optimizer step (hivemind's ALBERT setup;
     not measured here yet), and on a CPU whose link makes a round of the model's gradients last at least
     ``BACKGROUND_ROUND_SECONDS`` (``bandwidth``: join's measured Mbit/s); ``none`` on a CPU with a fast or unmeasured
     link, where delayed-averaging measured no faster and its step uses gradients one step stale. Any other setting
-    is the experiment's, as it is."""
+    is the experiment's, as it is. An auxiliary peer computes nothing to overlap: ``none`` under ``auto``."""
     if overlap != Overlap.auto:
         return overlap
+    if auxiliary:
+        return Overlap.none
     if device.type == "cuda":
         return Overlap.delayed_averaging
     seconds = round_seconds(parameters, bandwidth)

@@ -222,7 +222,7 @@ def train(
     amp = resolve_precision(precision, torch_device)
     summary.precision = amp
     parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    overlap = choose_overlap(cfg.overlap, torch_device, parameters=parameters, bandwidth=bandwidth)
+    overlap = choose_overlap(cfg.overlap, torch_device, parameters=parameters, bandwidth=bandwidth, auxiliary=auxiliary)
     summary.overlap = overlap.value
     if overlap != cfg.overlap:
         logger.info("overlap %s: training with %s on this machine", cfg.overlap.value, overlap.value)
