@@ -283,9 +283,10 @@ def make_tracker_class() -> type:
             still unknown (its EMA starts at ~0 samples/s), so the ETA is endless and the next read is
             ``max_refresh_period`` (10 s) away, or ``default_refresh_period`` (3 s) when no record was there yet.
             Peers that start together would each train a whole target batch on its own before reading the
-            others' records: a first global batch of N targets. With this rule the read comes
-            ``min_refresh_period`` after the first steps, and the others' first records (sent at once, see
-            ``report_local_progress``) are in it. Cheap: it wakes the fetcher only when the due time moves."""
+            others' records: a first global batch of N targets. With this rule the read comes when hivemind's own rule
+            puts it for the rate now known (a fraction of the time to the target, at least ``min_refresh_period``),
+            and the others' first records (sent at once, see ``report_local_progress``) are in it. Cheap: it wakes
+            the fetcher only when the due time moves earlier."""
             from hivemind.utils.timed_storage import get_dht_time
 
             progress: Any = self.global_progress
