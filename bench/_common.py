@@ -536,6 +536,25 @@ def batch_for(workers: int, rate: float, seconds: float, batch_size: int) -> int
     return max(round(workers * rate * seconds / batch_size), 1) * batch_size
 
 
+def sized_target(fixed: int | None, workers: int, seconds: float, hidden_size: int, batch_size: int) -> int:
+    """A benchmark's target batch: ``fixed`` (its ``--target-batch-size``) when given, else what ``workers``
+    workers gather in ``seconds`` at the rate a 2 s bare loop measures now (printed, with the target)."""
+    if fixed is not None:
+        return fixed
+    bare = bare_rate(hidden_size, batch_size)
+    target = batch_for(workers, bare, seconds, batch_size)
+    print(
+        f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on one thread here: target batch "
+        f"{target:,}, {seconds:g} s of the bare loop's samples for {workers} worker(s)"
+    )
+    return target
+
+
+def summary_row(label: str, values: Sequence[float]) -> list[Any]:
+    """A results table's row: the label, each round's value, their median and their min..max."""
+    return [label, *values, median(values), spread(values)]
+
+
 def machine_line() -> str:
     import platform
 

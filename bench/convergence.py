@@ -188,15 +188,7 @@ def main() -> int:
     repeats = args.repeats or mode.repeats
     print(f"convergence ({mode.name}): {c.machine_line()}")
     global TARGET_BATCH_SIZE
-    if args.target_batch_size is None:
-        bare = c.bare_rate(HIDDEN_SIZE, BATCH_SIZE)
-        TARGET_BATCH_SIZE = c.batch_for(2, bare, EPOCH_SECONDS, BATCH_SIZE)
-        print(
-            f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on one thread here: target batch "
-            f"{TARGET_BATCH_SIZE:,} for about {EPOCH_SECONDS:g} s of compute an epoch with 2 workers"
-        )
-    else:
-        TARGET_BATCH_SIZE = args.target_batch_size
+    TARGET_BATCH_SIZE = c.sized_target(args.target_batch_size, 2, EPOCH_SECONDS, HIDDEN_SIZE, BATCH_SIZE)
     budget = mode.epochs * TARGET_BATCH_SIZE
     print(
         f"workload: digits MLP hidden_size={HIDDEN_SIZE}, batch {BATCH_SIZE}/step, target_batch_size "

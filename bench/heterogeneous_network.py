@@ -505,9 +505,9 @@ def report_overlap(results: dict[str, list[dict[str, Any]]]) -> None:
     print("overlap on slow links (two trainers on 10 Mbit/s, one thread each): the trainers' samples/s together")
     headers = ["overlap", *[f"run {i + 1}" for i in range(len(none))], "median", "spread"]
     rows = [
-        ["none", *none, c.median(none), c.spread(none)],
-        ["delayed-averaging", *delayed, c.median(delayed), c.spread(delayed)],
-        ["ratio delayed-averaging/none", *ratios, c.median(ratios), c.spread(ratios)],
+        c.summary_row("none", none),
+        c.summary_row("delayed-averaging", delayed),
+        c.summary_row("ratio delayed-averaging/none", ratios),
     ]
     print(c.table(headers, rows))
     for overlap in OVERLAPS:
@@ -661,14 +661,9 @@ def main() -> int:
         return 2
     mode = QUICK if args.quick else FULL
     print(f"heterogeneous_network ({mode.name}): {c.machine_line()}")
-    target = args.target_batch_size
-    if target is None:
-        bare = c.bare_rate(mode.hidden_size, mode.batch_size)
-        target = c.batch_for(len(TRAINERS), bare, mode.epoch_seconds, mode.batch_size)
-        print(
-            f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on one thread here: target batch "
-            f"{target:,} for {mode.epoch_seconds:g} s of compute an epoch"
-        )
+    target = c.sized_target(
+        args.target_batch_size, len(TRAINERS), mode.epoch_seconds, mode.hidden_size, mode.batch_size
+    )
     mode = dataclasses.replace(
         mode,
         runs=args.runs or mode.runs,

@@ -210,15 +210,7 @@ def main() -> int:
     mode = QUICK if args.quick else FULL
     rounds = args.rounds or mode.rounds
     print(f"swarm_efficiency ({mode.name}): {c.machine_line()}")
-    if args.target_batch_size is None:
-        bare = c.bare_rate(c.HIDDEN_SIZE, c.BATCH_SIZE)
-        TARGET_BATCH_SIZE = c.batch_for(2, bare, mode.epoch_seconds, c.BATCH_SIZE)
-        print(
-            f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on one thread here: target batch "
-            f"{TARGET_BATCH_SIZE:,} for swarm epochs of about {mode.epoch_seconds:g} s"
-        )
-    else:
-        TARGET_BATCH_SIZE = args.target_batch_size
+    TARGET_BATCH_SIZE = c.sized_target(args.target_batch_size, 2, mode.epoch_seconds, c.HIDDEN_SIZE, c.BATCH_SIZE)
     exp = experiment(mode)
     params = exp["task_params"]
     print(

@@ -7,10 +7,11 @@ What it measures (samples/s over a steady-state window after warm-up, one thread
   starts on 127.0.0.1 (temp SQLite database, SWARMHUB_SWARM_ENABLED=true so the server runs the experiment's
   bootstrap/monitor peer): the real join route, ``run_session`` (hivemind's logs to a file, signal handling, the
   console progress line), ``train()`` with hivemind's Optimizer, DHT, averagers and p2pd in a swarm of one (the
-  worker alone, so it does the same compute as the bare loop: no averaging partner, no state download), the real
+  worker alone, so it does the same compute as the bare loop: its only averaging partner is the server's witness,
+  which holds no gradients; no state download), the real
   ``Reporter`` sending every report over the websocket (and keeping it in join's on-disk spool until the server
   acknowledges it), the deny-list poll and token renewal. The window is whole
-  swarm epochs, so it holds each epoch's optimizer step and the pre-scheduled (then skipped) averaging round;
+  swarm epochs, so it holds each epoch's optimizer step and its averaging round with the server's witness;
 - bare: ``for batch: loss.backward(); adam.step(); zero_grad()`` on the same digits model, batch and data, no
   swarm, no reporting.
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import secrets
 import signal
 import socket
@@ -238,15 +238,7 @@ def main() -> int:
     mode = QUICK if args.quick else FULL
     rounds = args.rounds or mode.rounds
     print(f"worker_overhead ({mode.name}): {c.machine_line()}")
-    if args.target_batch_size is None:
-        bare = c.bare_rate(c.HIDDEN_SIZE, c.BATCH_SIZE)
-        TARGET_BATCH_SIZE = c.batch_for(1, bare, mode.epoch_seconds, c.BATCH_SIZE)
-        print(
-            f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on one thread here: target batch "
-            f"{TARGET_BATCH_SIZE:,} for epochs of about {mode.epoch_seconds:g} s"
-        )
-    else:
-        TARGET_BATCH_SIZE = args.target_batch_size
+    TARGET_BATCH_SIZE = c.sized_target(args.target_batch_size, 1, mode.epoch_seconds, c.HIDDEN_SIZE, c.BATCH_SIZE)
     exp = c.experiment_config(target_batch_size=TARGET_BATCH_SIZE, matchmaking_time=mode.matchmaking_time)
     params = exp["task_params"]
     print(
@@ -255,7 +247,6 @@ def main() -> int:
         f"matchmaking_time {exp['matchmaking_time']} s, a swarm of one; one thread each; {rounds} round(s)"
     )
     started = time.monotonic()
-    busy_at_start = os.getloadavg()[0]
     load = c.MachineLoad()
     results: list[dict[str, Any]] = []
     with c.Harness("overhead") as h:
@@ -284,13 +275,13 @@ def main() -> int:
         cleanup = h.check_no_leftovers()
     report(results, rounds, time.monotonic() - started)
     if args.compare_overlap:
-        report_overlap(results, busy_at_start)
+        report_overlap(results)
     print(cleanup)
     print(load.line())
     return 0
 
 
-def report_overlap(results: list[dict[str, Any]], busy_at_start: float) -> None:
+def report_overlap(results: list[dict[str, Any]]) -> None:
     """The worker with a core to spare: delayed-averaging against none, round by round, and what ``auto`` picks."""
     import torch
 
@@ -305,9 +296,9 @@ def report_overlap(results: list[dict[str, Any]], busy_at_start: float) -> None:
     print("the other core): samples/s, median and min..max over rounds")
     headers = ["overlap", *[f"round {i + 1}" for i in range(len(results))], "median", "spread"]
     rows = [
-        ["none", *none, c.median(none), c.spread(none)],
-        ["delayed-averaging", *delayed, c.median(delayed), c.spread(delayed)],
-        ["ratio delayed-averaging/none", *ratios, c.median(ratios), c.spread(ratios)],
+        c.summary_row("none", none),
+        c.summary_row("delayed-averaging", delayed),
+        c.summary_row("ratio delayed-averaging/none", ratios),
     ]
     print(c.table(headers, rows))
     for i, r in enumerate(results):
@@ -316,10 +307,10 @@ def report_overlap(results: list[dict[str, Any]], busy_at_start: float) -> None:
             f"{r['delayed_averaged']}; helpers {r['helper_ms_per_step']:.2f} vs {r['delayed_helper_ms_per_step']:.2f} "
             f"ms per step; cores {r['swarmhub_cpu']} vs {r['delayed_swarmhub_cpu']}"
         )
-    auto = choose_overlap(Overlap.auto, torch.device("cpu"))
+    auto = choose_overlap(Overlap.auto, torch.device("cpu"), bandwidth=None)
     print(
-        f"overlap auto picks {auto.value} for a CPU peer ({os.cpu_count()} CPUs here, 1 training thread, load average "
-        f"{busy_at_start:.2f} at the start); delayed-averaging/none = {c.median(ratios):.3f}"
+        f"overlap auto picks {auto.value} for this worker (a CPU peer, its link to the server loopback, not measured: "
+        f"a fast link); delayed-averaging/none = {c.median(ratios):.3f}"
     )
 
 
@@ -331,9 +322,9 @@ def report(results: list[dict[str, Any]], rounds: int, elapsed: float) -> None:
     print(f"results ({rounds} round(s), {elapsed:.0f} s; samples/s; median and min..max over rounds):")
     headers = ["variant", *[f"round {i + 1}" for i in range(rounds)], "median", "spread"]
     rows = [
-        ["bare PyTorch loop", *bare, c.median(bare), c.spread(bare)],
-        ["swarmhub worker (swarm of one)", *swarmhub, c.median(swarmhub), c.spread(swarmhub)],
-        ["ratio swarmhub/bare", *ratios, c.median(ratios), c.spread(ratios)],
+        c.summary_row("bare PyTorch loop", bare),
+        c.summary_row("swarmhub worker (swarm of one)", swarmhub),
+        c.summary_row("ratio swarmhub/bare", ratios),
     ]
     print(c.table(headers, rows))
     for i, r in enumerate(results):
@@ -356,7 +347,7 @@ def report(results: list[dict[str, Any]], rounds: int, elapsed: float) -> None:
         )
     print(
         "the swarmhub side adds: hivemind.Optimizer in a swarm of one (gradient accumulation every step, one "
-        "optimizer step and one skipped pre-scheduled averaging round per epoch, the progress tracker), its DHT, "
+        "optimizer step and one averaging round with the server's witness per epoch, the progress tracker), its DHT, "
         "averager and p2pd processes, swarmhub's loop (loss read-back every step, a report every 2 s and at each "
         "epoch), the websocket Reporter and its on-disk spool, the deny-list poll, token renewal and the console "
         "progress line; the ratio includes all of it"

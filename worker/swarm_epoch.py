@@ -224,6 +224,7 @@ def store_presence(dht: Any, tracker: Any, epoch: int) -> bool:
 
 def make_tracker_class() -> type:
     from hivemind.optim.progress_tracker import ProgressTracker
+    from hivemind.utils.timed_storage import get_dht_time  # at every step (``_hasten_read``): imported once
 
     class GuardedProgressTracker(ProgressTracker):  # type: ignore[misc, valid-type]
         """hivemind's progress tracker, reading the swarm's epoch through :func:`bounded_progress`."""
@@ -287,8 +288,6 @@ def make_tracker_class() -> type:
             puts it for the rate now known (a fraction of the time to the target, at least ``min_refresh_period``),
             and the others' first records (sent at once, see ``report_local_progress``) are in it. Cheap: it wakes
             the fetcher only when the due time moves earlier."""
-            from hivemind.utils.timed_storage import get_dht_time
-
             progress: Any = self.global_progress
             rate = self.performance_ema.samples_per_second
             if rate <= 1e-9:
