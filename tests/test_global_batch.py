@@ -103,7 +103,7 @@ def test_peers_that_start_together_count_each_other_before_either_completes_the_
     """Two volunteers start at once. A peer's first read of the swarm's progress finds no record yet and no rate of
     its own (hivemind's EMA starts at ~0 samples/s): hivemind schedules the next read 3 s away (10 s once its own
     record is there), and a peer that completes the target in that time alone does: the first global batch was up to
-    1.6 targets with two peers (bench/convergence.py at 1.3 s epochs). Here the next read comes when this peer's
+    1.56 targets with two peers (bench/convergence.py at 1.4 s epochs). Here the next read comes when this peer's
     own rate says it should: the other's samples count while this one has done a fraction of the batch."""
     from hivemind.utils.timed_storage import get_dht_time
 
