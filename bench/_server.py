@@ -1,9 +1,10 @@
 """Shared harness of the server benchmarks (``ingestion.py``, ``fanout.py``, ``memory.py``); not a benchmark.
 
 - :func:`bench_lock`: one measured run at a time on this machine (``/tmp/swarmhub-bench-running``).
-- :class:`SwarmhubServer`: a real ``swarmhub server`` process (SWARMHUB_SWARM_ENABLED=false: no hivemind peers)
-  on SQLite or PostgreSQL, optionally with Redis; an administrator made with ``swarmhub admin``, an API token from
-  ``POST /api/auth/token`` and running experiments made through ``POST /api/experiments`` and its status route.
+- :class:`SwarmhubServer`: a real ``swarmhub server`` process (SWARMHUB_SWARM_ENABLED=false: no hivemind peers;
+  ``swarm=True`` for the swarm benchmarks, whose workers join it) on SQLite or PostgreSQL, optionally with Redis;
+  an administrator made with ``swarmhub admin``, an API token from ``POST /api/auth/token`` and running
+  experiments made through ``POST /api/experiments`` and its status route.
 - :func:`volunteers`: volunteers with API tokens and worker runs, made with the server's own service functions
   on its database, as ``tests/test_nothing_lost.py`` makes them (``POST .../join`` needs the swarm, which
   these benchmarks leave off; the websocket checks token and worker run exactly as after a real join).
@@ -31,6 +32,7 @@ from typing import Any
 
 import _common as c
 import httpx
+import psutil
 
 SWARMHUB_CLI = [sys.executable, "-m", "swarmhub.worker.cli"]
 LOCK = "/tmp/swarmhub-bench-running"  # noqa: S108 - the machine-wide "a benchmark is being measured" flag
@@ -114,11 +116,15 @@ def redis_available() -> bool:
 
 
 class SwarmhubServer:
-    """``swarmhub server`` in its own process (no swarm), with an administrator who organizes experiments.
+    """``swarmhub server`` in its own process, with an administrator who organizes experiments.
 
-    ``admin=False`` for a second process on a database that already has one."""
+    ``admin=False`` for a second process on a database that already has one. ``swarm=True`` runs each started
+    experiment's swarm peers (bootstrap/monitor, and the witness where the experiment has ``aux_peer``) on
+    127.0.0.1, as a real server does; without it the server runs no hivemind peer."""
 
-    def __init__(self, h: c.Harness, name: str, database_url: str, *, admin: bool = True, **env: str):
+    def __init__(
+        self, h: c.Harness, name: str, database_url: str, *, admin: bool = True, swarm: bool = False, **env: str
+    ):
         self.h = h
         self.name = name
         self.database_url = database_url
@@ -128,7 +134,8 @@ class SwarmhubServer:
         self.env = h.env(
             SWARMHUB_DATA_DIR=str(h.tmp / f"{name}-data"),
             SWARMHUB_DATABASE_URL=database_url,
-            SWARMHUB_SWARM_ENABLED="false",
+            SWARMHUB_SWARM_ENABLED="true" if swarm else "false",
+            **({"SWARMHUB_SWARM_HOST": "127.0.0.1"} if swarm else {}),
             **env,
         )
         if admin:
@@ -154,10 +161,11 @@ class SwarmhubServer:
     def pid(self) -> int:
         return self.proc.popen.pid
 
-    def start_experiment(self, prefix: str = "bench") -> str:
-        """A running experiment, made and started through the API; returns its slug."""
+    def start_experiment(self, prefix: str = "bench", experiment: dict[str, Any] | None = None) -> str:
+        """A running experiment (``experiment``: the fields of :func:`_common.experiment_config`; a small digits
+        experiment by default), made and started through the API; returns its slug."""
         slug = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        exp = c.experiment_config(hidden_size=64, batch_size=64, target_batch_size=4096)
+        exp = experiment or c.experiment_config(hidden_size=64, batch_size=64, target_batch_size=4096)
         created = self.http.post("/api/experiments", json={"slug": slug, "title": "Server benchmark", **exp})
         if created.status_code != 201:
             raise c.BenchError(f"could not create the experiment: {created.status_code} {created.text[:500]}")
@@ -165,6 +173,23 @@ class SwarmhubServer:
         if started.status_code != 200 or started.json().get("status") != "running":
             raise c.BenchError(f"could not start the experiment: {started.status_code} {started.text[:500]}")
         return slug
+
+    def finish(self, slug: str) -> None:
+        self.http.post(f"/api/experiments/{slug}/status", json={"action": "finish"})
+
+    def monitor_seconds(self) -> float:
+        """CPU seconds so far of the server's monitor peers (``bootstrap_peer``) and of their DHT and ``p2pd``."""
+        total = 0.0
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.pid).children():
+                with contextlib.suppress(psutil.Error):
+                    if "swarmhub.server.swarm.bootstrap_peer" not in " ".join(child.cmdline()):
+                        continue
+                    for p in [child, *child.children(recursive=True)]:
+                        with contextlib.suppress(psutil.Error):
+                            t = p.cpu_times()
+                            total += t.user + t.system
+        return total
 
     def close(self) -> None:
         self.http.close()

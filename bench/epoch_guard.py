@@ -11,7 +11,9 @@ workers of this machine compute in ``--epoch-seconds`` (default 0.5 s, against a
 
 - **pair**: the server's bootstrap/monitor peer and two workers started at the same moment (the start that once
   wedged: both see no one, then each other). Window: ``window`` seconds from the second worker's first step;
-- **alone**: the server's peer and one worker (a swarm of one: every epoch change is immediate without the guard).
+- **alone**: the server's peer and one worker (a swarm of one: every epoch change is immediate without the guard);
+- **alone + witness**: one worker joined through a real ``swarmhub server`` (``swarmhub join``'s path, the
+  experiment's default ``aux_peer``): the server's witness averages with it every epoch, as in production.
 
 Per variant and scenario it prints: samples/s of the swarm, epochs and mean epoch length, epoch changes that came
 after averaging with both peers, averaging rounds with 2 peers in the window's last third (matchmaking still
@@ -19,7 +21,7 @@ alive at the end), lines in the workers' logs that report a failed round or the 
 the server's peer used (it receives every progress record: one at least at every epoch end).
 
 Command: ``.venv/bin/python bench/epoch_guard.py [--quick]`` (full: 2 rounds, variant order flipped in round 2,
-about 5 minutes on 2 cores; --quick: 1 round with shorter windows). Exits 0 whatever it measures; nonzero only
+about 8 minutes on 2 cores; --quick: 1 round with shorter windows). Exits 0 whatever it measures; nonzero only
 when the benchmark itself fails. Leaves no process behind.
 """
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import _common as c
+from _server import SwarmhubServer
 
 MATCHMAKING_TIME = 2.0
 AVERAGING_TIMEOUT = 10.0
@@ -51,6 +54,9 @@ class Mode:
     window: float
     alone_window: float
 
+
+# (name, workers, window, through the server): the server's witness averages with a worker alone every epoch
+SCENARIOS = (("pair", 2, "window", False), ("alone", 1, "alone", False), ("alone + witness", 1, "window", True))
 
 FULL = Mode("full", rounds=2, window=40.0, alone_window=20.0)
 QUICK = Mode("quick", rounds=1, window=15.0, alone_window=8.0)
@@ -78,25 +84,39 @@ def log_counts(proc: c.Proc, size: int) -> tuple[int, int]:
     return sum(1 for line in text.splitlines() if FAILED.search(line)), text.count(WEDGE)
 
 
-def run(h: c.Harness, r: int, guard: bool, workers: int, window: float) -> dict[str, Any]:
-    tag = f"r{r}-{'guard' if guard else 'noguard'}-{workers}"
-    peer = h.swarm_peer(f"{tag}-peer")
+def run(
+    h: c.Harness, r: int, guard: bool, workers: int, window: float, server: SwarmhubServer | None = None
+) -> dict[str, Any]:
+    """``workers`` workers in a new swarm: with the bench's swarm peer (bootstrap/monitor, no witness), or joined
+    through ``server`` (``swarmhub join``'s path: the server's monitor peer and its witness)."""
+    tag = f"r{r}-{'guard' if guard else 'noguard'}-{workers}{'-server' if server else ''}"
     exp = experiment()
     procs = []
-    for name in "AB"[:workers]:
-        identity = h.tmp / f"{tag}-{name}.key"
-        join = c.join_json(peer, f"worker-{tag}-{name}", identity, exp)
-        config: dict[str, Any] = {"join": join, "identity": str(identity)}
-        if not guard:
-            config["epoch_guard"] = False
-        procs.append(h.worker(f"{tag}-{name}", "swarmhub", config))
-    t0 = c.wait_progress(procs, 120)
-    cpu0 = c.cpu_seconds([peer.proc])
+    if server is None:
+        peer = h.swarm_peer(f"{tag}-peer")
+        watched = [peer.proc]
+        for name in "AB"[:workers]:
+            identity = h.tmp / f"{tag}-{name}.key"
+            join = c.join_json(peer, f"worker-{tag}-{name}", identity, exp)
+            config: dict[str, Any] = {"join": join, "identity": str(identity), "epoch_guard": guard}
+            procs.append(h.worker(f"{tag}-{name}", "swarmhub", config))
+    else:
+        slug = server.start_experiment(experiment=exp)
+        watched = [server.proc]
+        for name in "AB"[:workers]:
+            state = h.tmp / f"{tag}-{name}-state"
+            state.mkdir()
+            config = {"url": server.url, "token": server.token, "slug": slug, "state_dir": str(state)}
+            procs.append(h.worker(f"{tag}-{name}", "server", {**config, "epoch_guard": guard}))
+    t0 = c.wait_progress(procs, 180)
+    cpu0 = c.cpu_seconds(watched)
     c.sleep_until(t0 + window)
     t1 = time.time()
-    server_cpu = c.cpu_share(cpu0, c.cpu_seconds([peer.proc]), t1 - t0)
+    server_cpu = c.cpu_share(cpu0, c.cpu_seconds(watched), t1 - t0)
     sizes = [p.log.stat().st_size for p in procs]
-    codes = h.stop([*procs, peer.proc], timeout=AVERAGING_TIMEOUT + 5)
+    codes = h.stop([*procs, *watched] if server is None else procs, timeout=AVERAGING_TIMEOUT + 5)
+    if server is not None:
+        server.finish(slug)
     if any(code not in (0, None) for code in codes):
         raise c.BenchError(f"{tag}: exit codes {codes}\n{procs[0].log_tail()}")
     samples = sum(c.samples_at(p.events, t1) - c.samples_at(p.events, t0) for p in procs)
@@ -152,12 +172,19 @@ def main() -> int:
     load = c.MachineLoad()
     results: dict[tuple[str, bool], list[dict[str, Any]]] = {}
     with c.Harness("epoch-guard") as h:
-        for r in range(rounds):
-            order = [True, False] if r % 2 == 0 else [False, True]
-            for scenario, workers, window in (("pair", 2, mode.window), ("alone", 1, mode.alone_window)):
-                for guard in order:
-                    with c.phase(f"round {r + 1}/{rounds}: {scenario}, {'guard' if guard else 'no guard'}"):
-                        results.setdefault((scenario, guard), []).append(run(h, r, guard, workers, window))
+        server = SwarmhubServer(h, "server", f"sqlite:///{h.tmp / 'server.db'}", swarm=True)
+        try:
+            for r in range(rounds):
+                order = [True, False] if r % 2 == 0 else [False, True]
+                for scenario, workers, window, via in SCENARIOS:
+                    for guard in order:
+                        with c.phase(f"round {r + 1}/{rounds}: {scenario}, {'guard' if guard else 'no guard'}"):
+                            wait = mode.window if window == "window" else mode.alone_window
+                            x = run(h, r, guard, workers, wait, server if via else None)
+                            results.setdefault((scenario, guard), []).append(x)
+        finally:
+            server.close()
+        h.stop([server.proc], timeout=60)
         cleanup = h.check_no_leftovers()
     print()
     print(f"results ({rounds} round(s), {time.monotonic() - started:.0f} s; one row per round):")
@@ -171,17 +198,17 @@ def main() -> int:
                     f"{x['rate']:,.0f}",
                     x["epochs"],
                     f"{x['epoch_s']:.2f}",
-                    x["averaged"] if scenario == "pair" else "-",
-                    x["late_pairs"] if scenario == "pair" else "-",
+                    x["averaged"] if scenario != "alone" else "-",
+                    x["late_pairs"] if scenario != "alone" else "-",
                     x["failed"],
                     x["wedged"],
                     x["server_cpu"],
                 ]
             )
     headers = ["variant", "round", "samples/s", "epochs", "s/epoch", "after 2-peer avg", "late 2-peer", "failed",
-               "wedge", "server peer cores"]  # fmt: skip
+               "wedge", "server's peers, cores"]  # fmt: skip
     print(c.table(headers, rows))
-    for scenario in ("pair", "alone"):
+    for scenario, *_ in SCENARIOS:
         on = c.median([x["rate"] for x in results[(scenario, True)]])
         off = c.median([x["rate"] for x in results[(scenario, False)]])
         print(f"{scenario}: samples/s without the guard / with it = {off / on:.2f} (median over rounds)")

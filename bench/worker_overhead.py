@@ -33,23 +33,14 @@ whether the target is met or not; nonzero only when the benchmark itself fails. 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import secrets
-import signal
-import socket
-import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import _common as c
 import httpx
-import psutil
-
-PASSWORD = "bench-" + secrets.token_urlsafe(12)
-SWARMHUB_CLI = [sys.executable, "-m", "swarmhub.worker.cli"]
+from _server import SwarmhubServer
 
 
 @dataclass(frozen=True)
@@ -76,82 +67,16 @@ TARGET_BATCH_SIZE = 0  # set in main
 DELAYED = "delayed-averaging"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    """``swarmhub server`` in its own process, with an administrator who organizes the experiments."""
-
-    def __init__(self, h: c.Harness):
-        self.h = h
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.env = h.env(
-            SWARMHUB_DATA_DIR=str(h.tmp / "data"),
-            SWARMHUB_DATABASE_URL=f"sqlite:///{h.tmp / 'server.db'}",
-            SWARMHUB_SWARM_ENABLED="true",
-            SWARMHUB_SWARM_HOST="127.0.0.1",
-        )
-        made = subprocess.run(
-            [*SWARMHUB_CLI, "admin", "bench", "--password-stdin"],
-            input=PASSWORD + "\n",
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if made.returncode != 0:
-            raise c.BenchError(f"swarmhub admin failed: {made.stderr[-2000:]}")
-        argv = [*SWARMHUB_CLI, "server", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-        self.proc = h.spawn("server", argv, env=self.env, stop_signal=signal.SIGTERM)
-        c.wait_healthy(self.url, self.proc.popen, 90, self.proc.log)
-        response = httpx.post(f"{self.url}/api/auth/token", json={"username": "bench", "password": PASSWORD})
-        response.raise_for_status()
-        self.token = response.json()["access_token"]
-        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
-
-    def start_experiment(self, mode: Mode, overlap: str | None = None) -> str:
-        slug = f"bench-{uuid.uuid4().hex[:8]}"
-        exp = c.experiment_config(
-            target_batch_size=TARGET_BATCH_SIZE, matchmaking_time=mode.matchmaking_time, overlap=overlap
-        )
-        created = self.http.post("/api/experiments", json={"slug": slug, "title": "Benchmark digits", **exp})
-        if created.status_code != 201:
-            raise c.BenchError(f"could not create the experiment: {created.status_code} {created.text[:500]}")
-        started = self.http.post(f"/api/experiments/{slug}/status", json={"action": "start"})
-        if started.status_code != 200 or started.json().get("status") != "running":
-            raise c.BenchError(f"could not start the experiment: {started.status_code} {started.text[:500]}")
-        return slug
-
-    def finish(self, slug: str) -> None:
-        self.http.post(f"/api/experiments/{slug}/status", json={"action": "finish"})
-
-    def close(self) -> None:
-        self.http.close()
-
-
-def monitor_seconds(server: Server) -> float:
-    """CPU seconds so far of the server's monitor peer (``bootstrap_peer``) and of its DHT and ``p2pd`` processes."""
-    total = 0.0
-    with contextlib.suppress(psutil.Error):
-        for child in psutil.Process(server.proc.popen.pid).children():
-            with contextlib.suppress(psutil.Error):
-                if "swarmhub.server.swarm.bootstrap_peer" not in " ".join(child.cmdline()):
-                    continue
-                for p in [child, *child.children(recursive=True)]:
-                    with contextlib.suppress(psutil.Error):
-                        t = p.cpu_times()
-                        total += t.user + t.system
-    return total
-
-
-def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode, overlap: str | None = None) -> dict[str, Any]:
+def swarmhub_round(
+    h: c.Harness, server: SwarmhubServer, r: int, mode: Mode, overlap: str | None = None
+) -> dict[str, Any]:
     """The worker alone in its experiment's swarm with the server's peers (the witness averages with it every
     epoch), with the experiment's ``overlap`` (None: the default)."""
-    slug = server.start_experiment(mode, overlap)
+    slug = server.start_experiment(
+        experiment=c.experiment_config(
+            target_batch_size=TARGET_BATCH_SIZE, matchmaking_time=mode.matchmaking_time, overlap=overlap
+        )
+    )
     name = f"r{r}-swarmhub" + (f"-{overlap}" if overlap else "")
     state = h.tmp / f"{name}-state"
     state.mkdir()
@@ -159,10 +84,10 @@ def swarmhub_round(h: c.Harness, server: Server, r: int, mode: Mode, overlap: st
     worker = h.worker(name, "server", config)
     c.wait_progress([worker], 180)
     t0 = c.wait_epochs([worker], 1, 120)  # the first epoch ends (startup and first-epoch estimates behind us)
-    cpu0, monitor0 = c.cpu_seconds([worker, server.proc]), monitor_seconds(server)
+    cpu0, monitor0 = c.cpu_seconds([worker, server.proc]), server.monitor_seconds()
     c.sleep_until(t0 + mode.window)
     t1 = time.time()
-    cpu1, monitor1 = c.cpu_seconds([worker, server.proc]), monitor_seconds(server)
+    cpu1, monitor1 = c.cpu_seconds([worker, server.proc]), server.monitor_seconds()
     cpu = c.cpu_share(cpu0, cpu1, t1 - t0)
     codes = h.stop([worker])
     server.finish(slug)
@@ -251,7 +176,7 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     with c.Harness("overhead") as h:
         with c.phase("starting swarmhub server (temp SQLite, swarm enabled)"):
-            server = Server(h)
+            server = SwarmhubServer(h, "server", f"sqlite:///{h.tmp / 'server.db'}", swarm=True)
         try:
             for r in range(rounds):
                 row: dict[str, Any] = {}
