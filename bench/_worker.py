@@ -8,7 +8,9 @@ Modes:
 
 - ``swarmhub``: ``swarmhub.worker.training.train`` with a JoinResponse (``config["join"]``), as a volunteer's
   worker trains; progress comes from train's ``on_progress``. With ``evaluate``, the model's loss on the whole
-  digits data is measured at each epoch change (the model is caught through ``training.load_task``).
+  digits data is measured at each epoch change (the model is caught through ``training.load_task``). With
+  ``"epoch_guard": false`` (here and in ``server`` mode) the training loop runs without its minimum epoch length
+  (``bench/epoch_guard.py``).
 - ``plain``: the baseline a user would write without swarmhub: a ``hivemind.DHT`` and ``hivemind.Optimizer``
   configured like hivemind's ALBERT example (examples/albert/run_trainer.py), the same MLP and data written
   out here, and a plain loop. No swarmhub code.
@@ -95,6 +97,20 @@ def full_loss(model: torch.nn.Module) -> float:
 # -- modes ---------------------------------------------------------------------------------------------------
 
 
+def without_epoch_guard(cfg: dict[str, Any]) -> None:
+    """With ``"epoch_guard": false`` (``bench/epoch_guard.py``): the training loop without its minimum epoch length."""
+    if cfg.get("epoch_guard") is not False:
+        return
+    from swarmhub.worker import training
+
+    loop = training._loop
+
+    def unguarded(*args: Any, **kwargs: Any) -> None:
+        loop(*args, **{**kwargs, "min_epoch_seconds": 0.0})
+
+    training._loop = unguarded  # type: ignore[assignment]
+
+
 def run_swarmhub(cfg: dict[str, Any]) -> None:
     from swarmhub.worker import training
     from swarmhub.worker.protocol import JoinResponse
@@ -123,6 +139,7 @@ def run_swarmhub(cfg: dict[str, Any]) -> None:
             return task
 
         training.load_task = load_task  # type: ignore[assignment]
+    without_epoch_guard(cfg)
 
     # Every benchmark swarm starts at epoch 0: an epoch change before the first progress line (epochs shorter than
     # the worker's report interval) is still one, with its evaluation.
@@ -346,6 +363,7 @@ def run_server(cfg: dict[str, Any]) -> None:
     from swarmhub.worker.reporter import Reporter
     from swarmhub.worker.session import run_session
 
+    without_epoch_guard(cfg)
     url, token, slug = cfg["url"], cfg["token"], cfg["slug"]
     state = Path(cfg["state_dir"])
     identity = state / "identity.key"

@@ -107,9 +107,8 @@ class TrainingSettings(BaseModel):
 
 def swarm_rate_cap(target_batch_size: int, matchmaking_time: float) -> float:
     """The most samples a second a whole swarm can train with these settings: a peer waits at least
-    ``matchmaking_time`` between two optimizer steps (the epoch-length guard, ``SwarmOptimizer``'s
-    ``min_epoch_seconds``, which keeps the peers of a swarm in step), and the swarm gathers ``target_batch_size``
-    samples per step."""
+    ``matchmaking_time`` between two optimizer steps (the epoch-length guard that keeps hivemind's matchmaking from
+    wedging), and the swarm gathers ``target_batch_size`` samples per step."""
     return round(target_batch_size / matchmaking_time, 1)
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import hivemind
@@ -111,33 +110,11 @@ class SwarmStateAverager(TrainingStateAverager, _KeepsLoadedMetadata):  # type: 
 
 class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
     """``roster`` (the swarm's, see ``robust.Roster``) makes the progress tracker read the swarm's epoch through
-    ``robust.bounded_progress``: a record with a made-up epoch moves no one.
+    ``robust.bounded_progress``: a record with a made-up epoch moves no one."""
 
-    ``min_epoch_seconds`` (a trainer's: the experiment's ``matchmaking_time``) is the shortest epoch: a peer whose
-    count completes the epoch sooner waits, its final count published, before it ends the epoch (``pause``: the
-    wait, which returns True when the peer is asked to stop). Epochs shorter than hivemind's pre-scheduling once
-    wedged its matchmaking; measured unneeded for that since rounds are scheduled only while another peer is seen
-    (``bench/short_epochs.py``), the wait keeps the peers of a swarm whose target is reached in less than
-    ``matchmaking_time`` in step: without it a peer that starts first races through epochs alone, and the peers
-    that join load its state and chase it, with few averaging rounds. It is the rate cap that the form and
-    ``swarmhub doctor`` state (``protocol.swarm_rate_cap``). The wait comes before the epoch's end, not after it: a
-    peer that waited after its epoch change was estimated (from its own record, extrapolated at its training rate)
-    to have reached the next epoch's target during the wait, and changed epoch again within a step or two: alone,
-    it trained at a few percent of the cap."""
-
-    def __init__(
-        self,
-        *args: Any,
-        roster: robust.Roster | None = None,
-        min_epoch_seconds: float = 0.0,
-        pause: Callable[[float], Any] = time.sleep,
-        **kwargs: Any,
-    ):
+    def __init__(self, *args: Any, roster: robust.Roster | None = None, **kwargs: Any):
         self._roster = roster
         self._behind_since: float | None = None  # out of sync since, with no state at the swarm's epoch found
-        self._min_epoch_seconds = min_epoch_seconds
-        self._pause = pause
-        self._epoch_changed_at = time.monotonic()
         super().__init__(*args, **kwargs)
 
     def _make_state_averager(self, **kwargs: Any) -> SwarmStateAverager:
@@ -183,14 +160,7 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
     def _update_global_epoch(self, grad_scaler: Any) -> None:
         """hivemind's, without a state averaging round when no other volunteer trains: the server's witness keeps
         a record in the swarm (so that a lone volunteer's gradient rounds are witnessed) but holds no training
-        state and joins no state round, and hivemind would wait ``averaging_timeout`` for a group every time.
-        Not before ``min_epoch_seconds`` since the last epoch change (see the class)."""
-        if self._hold_epoch_end():
-            return  # asked to stop while it waited
-        # From here, not from the epoch change: the averaging round that ends this epoch counts in the next one's
-        # length, as it did when the loop waited after the change (a pair's epochs: the longer of matchmaking_time
-        # and compute plus round, not their sum).
-        self._epoch_changed_at = time.monotonic()
+        state and joins no state round, and hivemind would wait ``averaging_timeout`` for a group every time."""
         if not self._alone_with_server_peers():
             return super()._update_global_epoch(grad_scaler)
         every = self.average_state_every  # type: ignore[has-type]
@@ -199,17 +169,6 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
             return super()._update_global_epoch(grad_scaler)
         finally:
             self.average_state_every = every
-
-    def _hold_epoch_end(self) -> bool:
-        """Wait until ``min_epoch_seconds`` have passed since the last epoch's end began, unless the swarm is already
-        past this epoch (this peer catches up at once). Not training time: the rate this peer publishes (hivemind's
-        performance EMA, which the others extrapolate its count with) must not count the wait. True when the peer
-        was asked to stop meanwhile."""
-        wait = self._epoch_changed_at + self._min_epoch_seconds - time.monotonic()
-        if wait <= 0 or self.tracker.global_epoch > self.local_epoch:
-            return False
-        with self.tracker.performance_ema.pause():
-            return bool(self._pause(wait))
 
     def _maybe_schedule_state_averaging(self) -> None:
         if not self._alone_with_server_peers():

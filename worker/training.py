@@ -325,10 +325,6 @@ def train(
                     # No auxiliary peer averages state (it holds none worth averaging): a state round would keep
                     # it busy while the next gradient round forms without it.
                     **({"average_state_every": 2**30} if auxiliary else {}),
-                    # A trainer's shortest epoch (SwarmOptimizer): the checkpoint keeper and auxiliary peers train
-                    # nothing and follow the swarm's epochs.
-                    min_epoch_seconds=0.0 if auxiliary or keeper is not None else cfg.matchmaking_time,
-                    pause=stop_event.wait,
                     verbose=False,
                 )
                 restart_step_count(opt)
@@ -359,6 +355,8 @@ def train(
                 reporter,
                 on_progress,
                 should_stop,
+                pause=stop_event.wait,
+                min_epoch_seconds=cfg.matchmaking_time,
                 amp=amp,
                 keep_access=lambda: access.keep_published(dht),
             )

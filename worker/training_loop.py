@@ -218,6 +218,8 @@ def _loop(
     on_progress: Callable[[Progress], None] | None,
     should_stop: Callable[[], StopReason | None],
     *,
+    pause: Callable[[float], Any],
+    min_epoch_seconds: float,
     keep_access: Callable[[], None] = lambda: None,
     amp: str = "fp32",
 ) -> None:
@@ -226,6 +228,7 @@ def _loop(
     # fp16: PyTorch's own scaler. It unscales the model's gradients before hivemind accumulates them (hivemind's
     # GradScaler is only for reuse_grad_buffers=True, which this loop does not use) and skips overflowed batches.
     scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
+    last_epoch_change = started
     seq = 0
     window_losses: list[float] = []
     window_start = started
@@ -300,6 +303,18 @@ def _loop(
         summary.epoch = opt.local_epoch
         now = time.monotonic()
         if summary.epoch != last_epoch or now - window_start >= REPORT_EVERY_SECONDS:
+            if summary.epoch != last_epoch:
+                # hivemind schedules each averaging round `matchmaking_time` before an epoch ends. Epochs
+                # shorter than that (a tiny model, or a peer that believes it is alone) cancel rounds as fast
+                # as they are scheduled, which wedges hivemind 1.1.12's matchmaking for good ("aclose():
+                # asynchronous generator is already running", then every round fails). Real workloads
+                # never wait here.
+                # Not training time: the rate this peer publishes (hivemind's performance EMA, which the other
+                # peers extrapolate its count with) must not count the wait, or they underestimate its samples
+                # and the swarm overshoots its target batch.
+                with opt.tracker.performance_ema.pause():
+                    pause(max(last_epoch_change + min_epoch_seconds - now, 0.0))
+                last_epoch_change = now = time.monotonic()
             last_epoch = summary.epoch
             publish(now)
     summary.stop_reason = reason
