@@ -25,6 +25,7 @@ from .db import make_engine, make_sessionmaker, migrate
 from .deps import LoginRequired
 from .errors import AppError
 from .hub import HubCache
+from .leases import AddressWatch
 from .live import LiveHub, LiveSeats
 from .ratelimit import make_limiter
 from .routes import api, data, hub, pages, probe, tasks, teams, volunteers, ws
@@ -132,6 +133,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         volunteer_stats=exports.Dump(settings.stats_cache_seconds, volunteer_service.stats_bodies),
         team_stats=exports.Dump(settings.stats_cache_seconds, team_service.stats_bodies),
         hub=HubCache(settings.active_window_seconds, settings.stats_cache_seconds),
+        addresses=AddressWatch(sessions),
     )
 
     web = Path(str(files("swarmhub.web")))

@@ -12,6 +12,9 @@ past its expiry in the others' eyes.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import DateTime, delete, func, select, update
@@ -89,3 +92,39 @@ def current(session: Session, run_id: str, now: datetime | None = None) -> Swarm
         return session.scalar(query.where(SwarmLease.expires_at >= func.statement_timestamp()))
     lease = session.scalar(query)
     return lease if lease is not None and lease.expires_at >= (now or utcnow()) else None
+
+
+class AddressWatch:
+    """The bootstrap addresses of runs that joins are waiting for, read from the lease rows at most once per
+    ``interval`` per run however many joins wait: thirty joins waiting for a starting swarm make one query every
+    0.2 s, not thirty (their polling used to compete with the hub's pages for the database)."""
+
+    def __init__(self, sessionmaker: Callable[[], Session], interval: float = 0.2):
+        self._sessionmaker = sessionmaker
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._read: dict[str, tuple[float, list[str]]] = {}  # run_id -> (when read, addresses)
+
+    def addresses(self, run_id: str) -> list[str]:
+        """The run's bootstrap addresses, [] while no process holds its lease with addresses written."""
+        with self._lock:  # one reader at a time: a waiting join takes the read another made a moment ago
+            now = time.monotonic()
+            read = self._read.get(run_id)
+            if read is not None and now - read[0] < self._interval:
+                return list(read[1])
+            with self._sessionmaker() as session:
+                lease = current(session, run_id)
+                maddrs = list(lease.maddrs) if lease is not None and lease.maddrs else []
+            for stale in [run for run, (when, _) in self._read.items() if now - when > 60]:
+                del self._read[stale]  # bounded: runs nobody asked about for a minute are forgotten
+            self._read[run_id] = (time.monotonic(), maddrs)
+            return list(maddrs)
+
+    def wait(self, run_id: str, timeout: float) -> list[str]:
+        """The run's bootstrap addresses once there are some, [] after ``timeout`` seconds without."""
+        deadline = time.monotonic() + timeout
+        while True:
+            maddrs = self.addresses(run_id)
+            if maddrs or time.monotonic() >= deadline:
+                return maddrs
+            time.sleep(min(self._interval, max(deadline - time.monotonic(), 0.0)))

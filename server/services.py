@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # types only: this module is imported by the routes, which th
     from .exports import Dump
     from .hub import HubCache
     from .ingestion import ReportWriter
+    from .leases import AddressWatch
     from .live import LiveHub, LiveSeats
     from .observability import Metrics
     from .ratelimit import Limiter
@@ -35,6 +36,7 @@ class Services:
     volunteer_stats: Dump  # the open statistics exports, kept per process
     team_stats: Dump
     hub: HubCache  # the front page's figures
+    addresses: AddressWatch  # bootstrap addresses that joins wait for
     reports: ReportWriter | None = None  # the websocket report writer, while the server runs (its lifespan)
 
 

@@ -123,6 +123,42 @@ def test_a_lease_is_held_by_one_process_until_it_expires(db):
         assert leases.current(session, "run-1", later) is None
 
 
+def test_joins_waiting_for_a_starting_swarm_share_one_read_of_its_lease(db):
+    """Thirty joins wait for a swarm whose bootstrap peer publishes its addresses after a second: each gets them
+    within a poll of their publishing, and the lease table is read about once per 0.2 s, not thirty times."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sqlalchemy import event
+
+    reads: list[str] = []
+
+    def count(conn, cursor, statement, *args) -> None:
+        if "swarm_leases" in statement and statement.lstrip().upper().startswith("SELECT"):
+            reads.append(statement)
+
+    watch = leases.AddressWatch(db, interval=0.2)
+    maddrs = ["/ip4/127.0.0.1/tcp/4001/p2p/QmBootstrap"]
+    engine = db.kw["bind"]
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        with ThreadPoolExecutor(max_workers=30) as pool:
+            waits = [pool.submit(lambda: (watch.wait("run-w", timeout=10), time.monotonic())) for _ in range(30)]
+            time.sleep(1.0)
+            assert not any(w.done() for w in waits)  # nothing to return yet: they all wait
+            with db.begin() as session:
+                assert leases.acquire(session, "run-w", "a")
+                leases.publish(session, "run-w", "a", maddrs, 0)
+            published_at = time.monotonic()
+            results = [w.result() for w in waits]
+        assert watch.wait("run-none", timeout=0.5) == []  # no lease: [] once the timeout has passed
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert all(found == maddrs for found, _ in results), results
+    assert max(at for _, at in results) - published_at < 1.0  # a poll or two, even on a busy machine
+    # 1.0 s of waiting + up to a second after publishing, at one read per 0.2 s: about 10, not 30 x 5 x 2
+    assert len(reads) <= 25, len(reads)
+
+
 def test_a_replica_whose_clock_runs_ahead_takes_no_live_lease(db, settings, tmp_path):
     """Two replicas on one PostgreSQL database, the second on a machine whose clock runs two minutes ahead (under
     libfaketime): lease times are the database's, so it sees the first's lease as live and hosts nothing."""

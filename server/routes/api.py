@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlencode
@@ -25,7 +24,7 @@ from swarmhub.worker.protocol import (
     TokenResponse,
 )
 
-from .. import accounts, device, experiments, leases, metrics, quotas, swarm_view
+from .. import accounts, device, experiments, metrics, quotas, swarm_view
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, api_token, reconcile_after_commit
 from ..errors import BadRequest, documented
 from ..ratelimit import limited, limited_per_account
@@ -235,15 +234,7 @@ def change_status(
 
 def _bootstrap_addresses(request: Request, run_id: str, timeout: float) -> list[str]:
     services(request.app).coordinator.reconcile_soon()
-    deadline = time.monotonic() + timeout
-    while True:
-        with services(request.app).sessionmaker() as session:
-            lease = leases.current(session, run_id)
-            if lease is not None and lease.maddrs:
-                return list(lease.maddrs)
-        if time.monotonic() >= deadline:
-            return []
-        time.sleep(0.2)
+    return services(request.app).addresses.wait(run_id, timeout)
 
 
 SWARM_TOKEN_LIMITS = [Depends(no_store), limited_per_account("swarm-token")]

@@ -1,8 +1,10 @@
 """Joins that wait for a starting swarm hold no database transaction, so the hub's other requests go on.
 
-A join waits up to 10 s for the swarm's bootstrap peer to publish its addresses. It used to wait inside the
-request's transaction, after authentication had written the token's last use: on SQLite every other write (a
-sign-up, a report) then waited on that lock and failed after the busy timeout with a 500.
+A join waits up to 10 s for the swarm's bootstrap peer to publish its addresses, then gets a 503 with
+Retry-After, and the worker asks again (for up to a minute: ``ApiClient.join``, what `swarmhub join` calls). A
+join used to wait inside the request's transaction, after authentication had written the token's last use: on
+SQLite every other write (a sign-up, a report) then waited on that lock and failed after the busy timeout with a
+500. The waiting joins share one read of the swarm's lease per 0.2 s (``leases.AddressWatch``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
+
+from swarmhub.worker.client import ApiClient
+from swarmhub.worker.errors import WorkerError
+from swarmhub.worker.protocol import JoinRequest
 
 from ..conftest import PASSWORD, csrf_from
 from ..processes import running_server, signup
@@ -36,14 +42,13 @@ def test_thirty_joins_waiting_for_a_starting_swarm_do_not_stall_pages_or_sign_up
         accounts = [owner, *(signup(url, f"vol{i}") for i in range(7))]
         keys = [RSAPrivateKey().get_public_key().to_bytes().decode() for _ in range(30)]
 
-        def join(i: int) -> int:
-            response = httpx.post(
-                f"{url}/api/experiments/{SLUG}/join",
-                headers={"Authorization": f"Bearer {accounts[i % 8]}"},
-                json={"peer_public_key": keys[i]},
-                timeout=60,
-            )
-            return response.status_code
+        def join(i: int) -> str:
+            """What `swarmhub join` gets: the run joined, or the error it would print."""
+            with ApiClient(url, accounts[i % 8]) as client:
+                try:
+                    return client.join(SLUG, JoinRequest(peer_public_key=keys[i])).run_id
+                except WorkerError as exc:
+                    return exc.message
 
         started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
         assert started.json()["status"] == "running"
@@ -59,9 +64,10 @@ def test_thirty_joins_waiting_for_a_starting_swarm_do_not_stall_pages_or_sign_up
                 signed_up = browser.post(
                     "/signup", data={"username": "latecomer", "password": PASSWORD, "csrf_token": token}
                 )
-            statuses = [j.result() for j in joins]
+            joined = [j.result() for j in joins]
     assert waiting > 0, "the swarm started before the joins arrived: nothing was measured"
     assert page.status_code == 200 and page_seconds < 1.0, page_seconds
     assert signed_up.status_code == 303, signed_up.text
-    assert set(statuses) <= {200, 503}, statuses  # joined, or told to try again: never a 500
-    assert statuses.count(200) > 0, statuses
+    # every volunteer joined the one swarm, however long it took to start: none was turned away (a 500 would
+    # have ended that volunteer's `swarmhub join` with an error)
+    assert len(set(joined)) == 1 and joined[0].startswith(f"swarmhub-{SLUG}-"), joined
