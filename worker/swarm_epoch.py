@@ -359,6 +359,40 @@ def make_tracker_class() -> type:
                 for peer in ahead:
                     logger.warning("ignored a progress record of %s: its epoch is past the swarm's", peer)
                     robust.flag(peer, "epoch ahead of the swarm")
+                kept = self._with_own_progress(kept)
             return super()._parse_swarm_progress_data(kept)
+
+        def _with_own_progress(self, kept: Any) -> Any:
+            """``kept`` with this peer's own record as it stands now (its count at its last step, its rate), not as
+            read back from the DHT: that one is up to ``PROGRESS_INTERVAL`` old, or as old as the loop's wait after
+            an epoch change (``resume_after_wait``), and hivemind extrapolates it at this peer's rate, counting
+            samples it never trained."""
+            from hivemind.utils import ValueWithExpiration
+
+            if not isinstance(kept, dict):
+                return kept
+            own = self.dht.peer_id.to_base58()
+            for subkey, item in kept.items():
+                if owner_peer_id(subkey) == own and isinstance(item, ValueWithExpiration):
+                    fresh = ValueWithExpiration(self.local_progress.dict(), item.expiration_time)  # type: ignore[has-type]
+                    return {**kept, subkey: fresh}
+            return kept
+
+        def resume_after_wait(self) -> None:
+            """The training loop waited after an epoch change (its epoch-length guard) and trains again. It trained
+            nothing while it waited, but its record kept the time of the epoch change, and a read of the swarm's
+            progress during the wait extrapolated it over the wait: a peer alone in its swarm then found its next
+            epoch complete after a step or two, and trained at a small fraction of its rate. Its record is stamped
+            now (and sent), the ETA read during the wait is dropped, and the swarm's progress is read again at
+            once."""
+            with self.lock_global_progress:  # after a read under way, before the next one
+                progress: Any = self.local_progress  # type: ignore[has-type]
+                self.local_progress = self._get_local_progress(progress.epoch, progress.samples_accumulated)
+                self.global_progress.eta_next_epoch = float("inf")
+                self.global_progress.next_fetch_time = get_dht_time()
+            self._signalled_at = time.monotonic()
+            self._unsent.clear()
+            self.should_report_progress.set()
+            self.global_state_updated.set()  # the fetcher reads now, not at the time it chose during the wait
 
     return GuardedProgressTracker

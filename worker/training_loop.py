@@ -312,8 +312,15 @@ def _loop(
                 # Not training time: the rate this peer publishes (hivemind's performance EMA, which the other
                 # peers extrapolate its count with) must not count the wait, or they underestimate its samples
                 # and the swarm overshoots its target batch.
-                with opt.tracker.performance_ema.pause():
-                    pause(max(last_epoch_change + min_epoch_seconds - now, 0.0))
+                wait = max(last_epoch_change + min_epoch_seconds - now, 0.0)
+                if wait > 0:
+                    with opt.tracker.performance_ema.pause():
+                        pause(wait)
+                    # and its record and the ETA must not count the wait as training either (a lone peer's
+                    # next epoch ended after a step or two: it trained at a fraction of its rate)
+                    resume = getattr(opt.tracker, "resume_after_wait", None)
+                    if resume is not None:
+                        resume()
                 last_epoch_change = now = time.monotonic()
             last_epoch = summary.epoch
             publish(now)
