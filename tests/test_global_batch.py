@@ -153,3 +153,55 @@ def test_the_rate_a_peer_publishes_is_timed_from_its_first_step(two_dhts):
         assert rate > 0.5 * pace, f"the start-up counted: {rate:,.0f} samples/s published, {pace:,.0f} trained"
     finally:
         tracker.shutdown()
+
+
+def test_after_the_epoch_length_guard_s_wait_a_lone_peer_trains_a_whole_batch_before_its_next_epoch(two_dhts):
+    """The training loop waits after an epoch change when epochs are shorter than ``matchmaking_time``
+    (``training_loop._loop``). The peer trains nothing while it waits; its next epoch must still take a whole
+    target batch of its training, not end after a step or two because its record (stamped at the epoch change) was
+    extrapolated over the wait: a peer alone in its swarm trained at a tenth of the guard's cap so."""
+    from hivemind.utils.timed_storage import get_dht_time
+
+    ada_dht, _ = two_dhts
+    run_id, experiment, ada = "guard-wait", RSAPrivateKey(), RSAPrivateKey()
+    public_key = ada.get_public_key().to_bytes()
+    swarm_access.add_roster_validators(ada_dht, run_id, ada)  # as the worker does: its records are on the roster
+    token = swarm_access.sign_token(experiment, run_id, "ada", public_key, timedelta(minutes=5))
+    assert swarm_access.publish_roster_entry(ada_dht, run_id, token)
+    roster = swarm_epoch.Roster(ada_dht, run_id, experiment.get_public_key(), own_username="ada")
+    target = 1_600  # about half a second of this peer's training (32 samples a step, a step every 10 ms or more)
+    tracker = robust.make_tracker_class()(
+        dht=ada_dht, prefix=run_id, target_batch_size=target, start=True, roster=roster, private_key=ada
+    )
+    try:
+        samples, deadline = 32, time.monotonic() + 10
+        tracker.report_local_progress(0, samples)
+        while tracker.global_progress.num_peers != 1 and time.monotonic() < deadline:  # its own record, followed
+            tracker.global_progress.next_fetch_time = get_dht_time()
+            tracker.global_state_updated.set()
+            time.sleep(0.1)
+        assert tracker.global_progress.num_peers == 1, tracker.global_progress
+        while not tracker.ready_to_update_epoch:
+            samples += 32
+            tracker.report_local_progress(0, samples)
+            time.sleep(0.01)
+        with tracker.pause_updates():
+            tracker.update_epoch(1)
+        with tracker.performance_ema.pause():  # the guard's wait
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:  # hivemind reads the swarm's progress as it scheduled, during it
+                tracker.global_progress.next_fetch_time = get_dht_time()
+                tracker.global_state_updated.set()
+                time.sleep(0.25)
+        tracker.resume_after_wait()
+        rate, resumed, samples = tracker.performance_ema.samples_per_second, time.monotonic(), 0
+        while not tracker.ready_to_update_epoch:
+            samples += 32
+            tracker.report_local_progress(1, samples)
+            time.sleep(0.01)
+        seconds = time.monotonic() - resumed
+        # A whole batch, or as long as one takes at the rate it published (a busy machine steps slower than that).
+        # Extrapolated over the wait (3 s at its rate: about six batches), the epoch ended at once.
+        assert samples >= 0.8 * target or seconds >= 0.6 * target / rate, (samples, target, seconds, rate)
+    finally:
+        tracker.shutdown()

@@ -369,14 +369,12 @@ def make_tracker_class() -> type:
             samples it never trained."""
             from hivemind.utils import ValueWithExpiration
 
-            if not isinstance(kept, dict):
+            own = self._local_public_key  # the subkey this tracker stores its records under, signed by its key
+            item = kept.get(own) if isinstance(kept, dict) else None
+            if not isinstance(item, ValueWithExpiration):
                 return kept
-            own = self.dht.peer_id.to_base58()
-            for subkey, item in kept.items():
-                if owner_peer_id(subkey) == own and isinstance(item, ValueWithExpiration):
-                    fresh = ValueWithExpiration(self.local_progress.dict(), item.expiration_time)  # type: ignore[has-type]
-                    return {**kept, subkey: fresh}
-            return kept
+            fresh = ValueWithExpiration(self.local_progress.dict(), item.expiration_time)  # type: ignore[has-type]
+            return {**kept, own: fresh}
 
         def resume_after_wait(self) -> None:
             """The training loop waited after an epoch change (its epoch-length guard) and trains again. It trained
