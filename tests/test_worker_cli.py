@@ -136,3 +136,28 @@ def test_join_stops_beyond_30_s_of_clock_skew_and_not_within_it(skew):
         check_clock(server_time=now, sent_at=now + skew, received_at=now + skew)
     assert refused.value.exit_code == ExitCode.CLOCK
     assert f"35 s {'ahead of' if skew > 0 else 'behind'} the server's" in str(refused.value)
+
+
+def test_ctrl_c_while_the_command_loads_ends_it_with_one_line_and_exit_130():
+    """`swarmhub join --any` passes Ctrl-C on to the join it has just started, which may still be loading its
+    modules (about a second; several on a busy machine). It ends as a loaded command does, with one line and exit
+    code 130, never a KeyboardInterrupt traceback from inside an import."""
+    import signal
+
+    loader = (
+        "import runpy, sys\n"
+        "print('python is up', flush=True)\n"  # the interpreter's own start-up is not swarmhub's to handle
+        "sys.argv = ['swarmhub', '--version']\n"
+        "runpy.run_module('swarmhub.worker.cli', run_name='__main__')\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", loader], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == "python is up\n"
+    began = time.monotonic()
+    time.sleep(0.1)  # in the module's imports, which take 0.4 s or more
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert (process.returncode, err.strip(), out) == (130, "Interrupted.", ""), (time.monotonic() - began, out, err)

@@ -5,11 +5,31 @@ Every failure is one line, ``Error: <what happened>: <what to do next>``, and a 
 wrappers around ``swarmhub.server.cli`` (the ``[server]`` extra), imported only when used.
 """
 
+# ruff: noqa: E402 - the interrupt handler below is installed before the modules it covers are imported
+
 from __future__ import annotations
 
-import logging
 import signal
 import sys
+import threading
+
+
+def _interrupted_while_loading(signum: int, frame: object) -> None:
+    sys.stderr.write("\nInterrupted.\n")
+    raise SystemExit(130)  # ExitCode.INTERRUPTED, as once loaded
+
+
+# Ctrl-C while this module's imports load (about a second, several on a busy machine; `swarmhub join --any` passes
+# it on to the join it has just started) ends the command as it does later, one line and exit code 130, rather
+# than with a KeyboardInterrupt traceback from inside an import. Python's handler is back at the end of the module.
+_HANDLER_BEFORE_LOADING: Any = None
+if (
+    threading.current_thread() is threading.main_thread()
+    and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+):
+    _HANDLER_BEFORE_LOADING = signal.signal(signal.SIGINT, _interrupted_while_loading)
+
+import logging
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -386,6 +406,10 @@ main.add_command(service_cli.run_service)
 main.add_command(hub_commands.server)
 main.add_command(hub_commands.admin)
 main.add_command(hub_commands.demo)
+
+
+if _HANDLER_BEFORE_LOADING is not None:  # loaded: every command renders Ctrl-C itself (``_Cli``)
+    signal.signal(signal.SIGINT, _HANDLER_BEFORE_LOADING)
 
 
 if __name__ == "__main__":  # `python -m swarmhub.worker.cli`, as `swarmhub demo` runs its workers
