@@ -11,7 +11,8 @@ Imported as ``swarmhub.worker``. It never imports the server, FastAPI or SQLAlch
 - ``training``: ``train()``, the hivemind training loop (DHT + ``hivemind.Optimizer``), with clean shutdown;
   ``training_loop`` holds the loops it runs in the swarm, ``peer_access`` the peer's admission (token, roster).
 - ``tasks``: what is trained (model, data, loss), as plugins found by name.
-- ``cli``: the ``swarmhub`` command (login, whoami, logout, experiments, join; server wrappers); ``login`` the
+- ``cli``: the ``swarmhub`` command (login, whoami, logout, experiments, join; server wrappers), ``commands``
+  what its commands share (errors as one line, settings, the API client); ``login`` the
   browser login, ``joining`` what ``join`` does before the session, ``session`` the session runner.
 - the background worker: ``service_cli`` the ``service`` and ``run-service`` commands, ``service_units`` the
   systemd unit and launchd plist, ``runner`` the loop that supervises ``join`` within the limits, ``limits`` the

@@ -33,14 +33,15 @@ import logging
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretStr
 
 from .. import __version__
 from . import hub_commands, service_cli
-from .client import USER_AGENT, ApiClient, ExitCode, WorkerError, not_logged_in
+from .client import USER_AGENT, ApiClient, ExitCode, WorkerError
+from .commands import CommandGroup, authed_client, worker_settings
 from .credentials import (
     StoredCredentials,
     delete_credentials,
@@ -60,51 +61,7 @@ from .transport import insecure_option, require_encryption
 logger = logging.getLogger("swarmhub.worker")
 
 
-class _Cli(click.Group):
-    """Renders :class:`WorkerError` and Ctrl-C as one line and an exit code, for every command."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except WorkerError as exc:
-            _fail(exc.message, exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("\nInterrupted.", err=True)
-            raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise
-        except Exception as exc:  # a bug: still one line, no traceback on the volunteer's console
-            logger.debug("unexpected error", exc_info=True)
-            _fail(f"unexpected {type(exc).__name__}: {exc} (please report this bug)", ExitCode.ERROR)
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"Error: {message}", err=True)
-    raise click.exceptions.Exit(code)
-
-
-def _settings() -> WorkerSettings:
-    try:
-        return WorkerSettings()
-    except ValidationError as exc:
-        fields = ", ".join("SWARMHUB_" + str(err["loc"][0]).upper() for err in exc.errors() if err["loc"])
-        raise WorkerError(f"Invalid setting in the environment: check {fields}", ExitCode.USAGE) from None
-
-
-def _authed_client(settings: WorkerSettings, insecure: bool) -> tuple[ApiClient, str]:
-    """A client with the resolved token; exits 3 with the login hint when there is none."""
-    creds = resolve_credentials(settings)
-    if creds.token is None:
-        raise not_logged_in(creds.server)
-    if creds.server is None:
-        raise WorkerError(
-            "No server configured: run `swarmhub login --server URL` or set SWARMHUB_SERVER", ExitCode.AUTH
-        )
-    token = creds.token.get_secret_value()
-    return ApiClient(require_encryption(creds.server, insecure), token, user_agent=USER_AGENT), token
-
-
-@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=CommandGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="swarmhub")
 def main() -> None:
     """Train deep-learning models together on donated hardware.
@@ -134,7 +91,7 @@ def main() -> None:
 @insecure_option
 def login(server_opt: str | None, with_token: bool, scope: str, insecure: bool) -> None:
     """Log in to a swarmhub server (device-code flow in the browser, or --with-token)."""
-    settings = _settings()
+    settings = worker_settings()
     stored = load_credentials(settings.config_dir)
     server = server_opt or settings.server or (stored.server if stored else None)
     if not server:
@@ -164,7 +121,7 @@ def login(server_opt: str | None, with_token: bool, scope: str, insecure: bool) 
 @insecure_option
 def logout(insecure: bool) -> None:
     """Revoke the stored token on the server (best effort) and delete it from this machine."""
-    settings = _settings()
+    settings = worker_settings()
     stored = load_credentials(settings.config_dir)
     if stored is None:
         click.echo("Not logged in: nothing to remove.")
@@ -187,8 +144,8 @@ def logout(insecure: bool) -> None:
 @insecure_option
 def whoami(insecure: bool) -> None:
     """Show who you are logged in as, and where."""
-    settings = _settings()
-    client, _ = _authed_client(settings, insecure)
+    settings = worker_settings()
+    client, _ = authed_client(settings, insecure)
     with client:
         me = client.me()
     role = " (admin)" if me.is_admin else ""
@@ -204,7 +161,7 @@ def whoami(insecure: bool) -> None:
 @insecure_option
 def experiments(insecure: bool) -> None:
     """List the server's experiments."""
-    settings = _settings()
+    settings = worker_settings()
     creds = resolve_credentials(settings)
     if not creds.server:
         raise WorkerError(
@@ -291,7 +248,7 @@ def join(
     insecure: bool,
 ) -> None:
     """Join experiment SLUG (or --any) and train with its swarm until stopped (Ctrl-C leaves cleanly)."""
-    settings = _settings()
+    settings = worker_settings()
     if any_experiment:
         if slug is not None:
             raise WorkerError(f"Give either SLUG or --any, not both: `swarmhub join {slug}`", ExitCode.USAGE)
@@ -310,7 +267,7 @@ def join(
             "No experiment given: `swarmhub join SLUG` (see `swarmhub experiments`) or `swarmhub join --any`",
             ExitCode.USAGE,
         )
-    client, token = _authed_client(settings, insecure)
+    client, token = authed_client(settings, insecure)
     if not SLUG_RE.match(slug):
         raise WorkerError(
             f"{slug!r} is not an experiment name: run `swarmhub experiments` to list them", ExitCode.USAGE
@@ -347,7 +304,7 @@ def _join_any(
     """``join --any``: the background worker's loop in the foreground, without its limits. It supervises one
     ``join SLUG`` at a time (the most needed experiment) and moves to the next most needed one when that one stops
     taking volunteers. Ctrl-C stops the child cleanly, then exits 130 (SIGTERM: 143)."""
-    client, _ = _authed_client(settings, insecure)  # not logged in: one line now, not a loop of failing joins
+    client, _ = authed_client(settings, insecure)  # not logged in: one line now, not a loop of failing joins
     client.close()
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("swarmhub.worker.service").setLevel(logging.INFO)  # which experiment, and why
@@ -386,8 +343,8 @@ def doctor(slug: str | None, device: str, listen: Sequence[str], insecure: bool)
     from . import doctor as checks
     from .training import resolve_device
 
-    settings = _settings()
-    client, token = _authed_client(settings, insecure)
+    settings = worker_settings()
+    client, token = authed_client(settings, insecure)
     with client:
         if slug is not None and not SLUG_RE.match(slug):
             raise WorkerError(
@@ -408,7 +365,7 @@ main.add_command(hub_commands.admin)
 main.add_command(hub_commands.demo)
 
 
-if _HANDLER_BEFORE_LOADING is not None:  # loaded: every command renders Ctrl-C itself (``_Cli``)
+if _HANDLER_BEFORE_LOADING is not None:  # loaded: every command renders Ctrl-C itself (``CommandGroup``)
     signal.signal(signal.SIGINT, _HANDLER_BEFORE_LOADING)
 
 

@@ -1,6 +1,6 @@
 """What a volunteer is told when something fails: one line that says what to do next, and a documented exit code
 (``ExitCode``, listed in ``swarmhub --help``). Every command renders a :class:`WorkerError` that way
-(``cli._Cli``), never a traceback."""
+(``commands.CommandGroup``), never a traceback."""
 
 from __future__ import annotations
 

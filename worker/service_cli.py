@@ -29,7 +29,7 @@ def state_dir(settings: WorkerSettings) -> Path:
 
 
 def _settings() -> WorkerSettings:
-    from .cli import _settings as settings
+    from .commands import worker_settings as settings
 
     return settings()
 
