@@ -604,3 +604,8 @@ def phase(name: str) -> Iterator[None]:
     print(f"  .. {name}", flush=True)
     yield
     print(f"     ({time.monotonic() - started:.0f} s)", flush=True)
+
+
+def add_overlap_option(parser: Any, help: str) -> None:
+    """``--overlap``: the experiment's overlap setting (the values the experiment takes besides ``auto``)."""
+    parser.add_argument("--overlap", choices=["none", "delayed-step", "delayed-averaging"], default=None, help=help)

@@ -148,12 +148,7 @@ def main() -> int:
         help="the target batch is what two workers of this machine compute in this time (default 0.5 s)",
     )
     parser.add_argument("--target-batch-size", type=int, default=None, help="the experiment's target batch size")
-    parser.add_argument(
-        "--overlap",
-        choices=["none", "delayed-step", "delayed-averaging"],
-        default=None,
-        help="the experiment's overlap setting (default: the experiment default, none)",
-    )
+    c.add_overlap_option(parser, "the experiment's overlap setting (default: the experiment default, none)")
     args = parser.parse_args()
     mode = QUICK if args.quick else FULL
     rounds = args.rounds or mode.rounds

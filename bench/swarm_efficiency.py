@@ -191,11 +191,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of under a minute")
     parser.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
-    parser.add_argument(
-        "--overlap",
-        choices=["none", "delayed-step", "delayed-averaging"],
-        default=None,
-        help="the experiment's overlap setting for the swarmhub workers (default: the experiment default, none)",
+    c.add_overlap_option(
+        parser, "the experiment's overlap setting for the swarmhub workers (default: the experiment default, none)"
     )
     parser.add_argument(
         "--target-batch-size",
