@@ -108,15 +108,17 @@ DEMO_EXPERIMENTS = ("demo-albert", "demo-digits")
 DEMO_TEXT_BYTES = 2_000_000  # of the standard library's docstrings: a tokenizer and shards in seconds
 
 
-def _seed_demo(settings: Settings) -> tuple[str, list[str]]:
-    """A demo organizer, two volunteers with tokens and two running experiments: the paper's workload (a tiny
+def _seed_demo(settings: Settings, experiment: str = DEMO_SLUG) -> tuple[str, list[str]]:
+    """A demo organizer, two volunteers with tokens and the two demo experiments: the paper's workload (a tiny
     ALBERT pretrained on the Python standard library's docstrings, with a tokenizer trained on them) and
-    handwritten digits. Returns the organizer's password and the volunteers' tokens."""
+    handwritten digits. Only ``experiment``, the one the demo's workers train, is started (and only the ALBERT
+    one's text is prepared, a tokenizer trained on it): the other waits as a draft, so that its swarm's peers and
+    the tokenizer's training take nothing from the workers' cores. Returns the organizer's password and the
+    volunteers' tokens."""
     engine = make_engine(settings.database_url)
     migrate(engine)
     password = secrets.token_urlsafe(9)
     tokens = []
-    text = corpus.builtin_text("python-docstrings", max_bytes=DEMO_TEXT_BYTES)
     with make_sessionmaker(engine).begin() as session:
         organizer = accounts.create_user(session, "organizer", password, is_admin=True)
         albert = experiments.create(
@@ -137,15 +139,16 @@ def _seed_demo(settings: Settings) -> tuple[str, list[str]]:
                 checkpoint_minutes=1.0,
             ),
         )
-        training_data.attach(
-            session,
-            settings,
-            albert,
-            text,
-            "builtin:python-docstrings",
-            training_data.CorpusOptions(vocab_size=4000, seq_length=64),
-        )
-        experiments.change_status(session, albert, "start")
+        if experiment == "demo-albert":
+            training_data.attach(
+                session,
+                settings,
+                albert,
+                corpus.builtin_text("python-docstrings", max_bytes=DEMO_TEXT_BYTES),
+                "builtin:python-docstrings",
+                training_data.CorpusOptions(vocab_size=4000, seq_length=64),
+            )
+            experiments.change_status(session, albert, "start")
         digits = experiments.create(
             session,
             organizer,
@@ -161,7 +164,8 @@ def _seed_demo(settings: Settings) -> tuple[str, list[str]]:
                 averaging_timeout=30.0,
             ),
         )
-        experiments.change_status(session, digits, "start")
+        if experiment == "demo-digits":
+            experiments.change_status(session, digits, "start")
         for name in ("volunteer-1", "volunteer-2"):
             user = accounts.create_user(session, name, secrets.token_urlsafe(12))
             tokens.append(accounts.issue_token(session, user, "demo worker")[0])
@@ -211,8 +215,9 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2, experi
     shutil.rmtree(demo_dir, ignore_errors=True)
     (demo_dir / "logs").mkdir(parents=True)
     database_url = f"sqlite:///{demo_dir / 'swarmhub.db'}"
-    click.echo("Preparing the demo: training a tokenizer on the Python standard library's docstrings…")
-    password, tokens = _seed_demo(Settings(data_dir=demo_dir, database_url=database_url))
+    if experiment == "demo-albert":
+        click.echo("Preparing the demo: training a tokenizer on the Python standard library's docstrings…")
+    password, tokens = _seed_demo(Settings(data_dir=demo_dir, database_url=database_url), experiment)
     url = f"http://{host}:{port}"
     # the demo serves plain http: a worker refuses it towards another machine (a LAN address) without --insecure
     insecure = [] if transport.on_this_machine(host) else ["--insecure"]

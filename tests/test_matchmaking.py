@@ -18,7 +18,7 @@ pytestmark = pytest.mark.swarm
 SEARCH_SECONDS = 3.0
 
 
-def _lookups_of_a_lone_search(dht: object, paced: bool) -> int:
+def _lookups_of_a_lone_search(dht: object, poll: float | None) -> int:
     """Search for a group alone for SEARCH_SECONDS, as hivemind's matchmaking does, and count the DHT lookups of the
     group key (counted under the pacing, if any)."""
     from hivemind.averaging.control import StepControl
@@ -35,8 +35,8 @@ def _lookups_of_a_lone_search(dht: object, paced: bool) -> int:
         return await counted(self, group_key, only_active)
 
     GroupKeyManager.get_averagers = counting  # type: ignore[method-assign]
-    if paced:
-        matchmaking.install()
+    if poll is not None:
+        matchmaking.install(poll)
     try:
 
         async def search() -> None:
@@ -59,27 +59,36 @@ def _lookups_of_a_lone_search(dht: object, paced: bool) -> int:
     return calls
 
 
-def test_a_peer_alone_in_its_search_asks_at_most_every_poll_interval() -> None:
-    """hivemind re-reads the group key back to back while no leader is there; paced, at most every POLL_SECONDS."""
+@pytest.mark.parametrize("matchmaking_time", [0.5, SEARCH_SECONDS])
+def test_a_peer_alone_in_its_search_asks_at_most_every_poll_interval(matchmaking_time: float) -> None:
+    """hivemind re-reads the group key back to back while no leader is there; paced, at most once per poll interval:
+    a quarter of the matchmaking time (0.2 s at the shortest an experiment may set, 0.75 s at 3 s)."""
+    poll = matchmaking.poll_seconds(matchmaking_time)
+    assert poll == max(matchmaking_time / 4, matchmaking.MIN_POLL_SECONDS)
     with loopback_dhts(2) as (_, dht):
-        unpaced = _lookups_of_a_lone_search(dht, paced=False)
-        paced = _lookups_of_a_lone_search(dht, paced=True)
-    assert paced <= SEARCH_SECONDS / matchmaking.POLL_SECONDS + 2, (paced, unpaced)
-    assert paced >= SEARCH_SECONDS / matchmaking.POLL_SECONDS / 3, (paced, unpaced)  # it still looks, all along
+        unpaced = _lookups_of_a_lone_search(dht, poll=None)
+        paced = _lookups_of_a_lone_search(dht, poll=poll)
+    assert paced <= SEARCH_SECONDS / poll + 2, (paced, unpaced)
+    assert paced >= SEARCH_SECONDS / poll / 3, (paced, unpaced)  # it still looks, all along
     assert unpaced > paced, (paced, unpaced)  # hivemind alone: a lookup as soon as the last one answers
 
 
-@pytest.mark.parametrize("paced", [(True, True), (True, False)], ids=["both-paced", "one-paced"])
-def test_paced_averagers_still_form_their_group_and_average(paced: tuple[bool, bool]) -> None:
+@pytest.mark.parametrize(
+    ("paced", "matchmaking_time"),
+    [((True, True), 0.5), ((True, False), 0.5), ((True, True), 3.0)],
+    ids=["both-paced", "one-paced", "both-paced-3s"],
+)
+def test_paced_averagers_still_form_their_group_and_average(paced: tuple[bool, bool], matchmaking_time: float) -> None:
     """Two real averagers (each forked with or without ``install``) with the shortest matchmaking time an experiment
-    may set: paced peers match with each other, and with a peer that reads its group key as hivemind does."""
+    may set, and with 3 s (a poll of 0.75 s): paced peers match with each other, and with a peer that reads its group
+    key as hivemind does."""
     import hivemind
 
     with loopback_dhts(2) as dhts:
         averagers = []
         for i, (dht, pace) in enumerate(zip(dhts, paced)):
             if pace:
-                matchmaking.install()
+                matchmaking.install(matchmaking.poll_seconds(matchmaking_time))
             try:
                 averagers.append(
                     hivemind.averaging.DecentralizedAverager(
@@ -88,7 +97,7 @@ def test_paced_averagers_still_form_their_group_and_average(paced: tuple[bool, b
                         prefix="pace-average",
                         target_group_size=2,
                         min_group_size=2,
-                        min_matchmaking_time=0.5,
+                        min_matchmaking_time=matchmaking_time,
                         request_timeout=0.4,
                         start=True,
                     )

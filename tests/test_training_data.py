@@ -327,8 +327,8 @@ def test_who_may_give_an_experiment_its_text(client, db, settings, tmp_path, doc
 
 
 def test_the_demo_seeds_an_albert_experiment_ready_to_train(tmp_path):
-    """`swarmhub demo`'s data: the ALBERT experiment runs with the standard library's docstrings prepared, beside
-    the digits one, and the two volunteers' tokens work."""
+    """`swarmhub demo`'s data: the ALBERT experiment runs with the standard library's docstrings prepared, the
+    digits one waits as a draft, and the two volunteers' tokens work."""
     from swarmhub.server.app import create_app
     from swarmhub.server.cli import _seed_demo
     from swarmhub.server.settings import Settings
@@ -338,9 +338,27 @@ def test_the_demo_seeds_an_albert_experiment_ready_to_train(tmp_path):
     assert len(tokens) == 2 and len(password) >= 12
     with TestClient(create_app(demo.model_copy(update={"swarm_enabled": False}))) as client:
         listed = {e["slug"]: e for e in client.get("/api/experiments").json()}
-        assert {slug: e["status"] for slug, e in listed.items()} == {"demo-albert": "running", "demo-digits": "running"}
+        assert {slug: e["status"] for slug, e in listed.items()} == {"demo-albert": "running"}  # digits: a draft
         text = client.get("/api/experiments/demo-albert/corpus").json()
         assert text["source"] == "builtin:python-docstrings" and text["shards"] >= 5
         volunteer = {"Authorization": f"Bearer {tokens[0]}"}
         manifest = client.get("/api/experiments/demo-albert/data/manifest", headers=volunteer)
         assert manifest.status_code == 200 and manifest.json()["vocab_size"] == text["vocab_size"]
+
+
+def test_the_digits_demo_starts_only_the_digits_experiment_and_trains_no_tokenizer(tmp_path):
+    """`swarmhub demo --experiment demo-digits`: the digits experiment runs; the ALBERT one waits as a draft with no
+    text prepared, so no tokenizer is trained and no swarm of it takes the workers' cores."""
+    from swarmhub.server.app import create_app
+    from swarmhub.server.cli import _seed_demo
+    from swarmhub.server.settings import Settings
+
+    demo = Settings(environment="test", data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'demo.db'}")
+    password, _ = _seed_demo(demo, "demo-digits")
+    with TestClient(create_app(demo.model_copy(update={"swarm_enabled": False}))) as client:
+        listed = {e["slug"]: e for e in client.get("/api/experiments").json()}
+        assert {slug: e["status"] for slug, e in listed.items()} == {"demo-digits": "running"}
+        organizer = api_token(client, "organizer", password)
+        albert = client.get("/api/experiments/demo-albert", headers=organizer)
+        assert albert.status_code == 200 and albert.json()["status"] == "draft", albert.text
+        assert client.get("/api/experiments/demo-albert/corpus", headers=organizer).status_code == 404

@@ -60,5 +60,6 @@ def admin(username: str, password_stdin: bool) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the server and the workers listen on")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="The server's port")
 def demo(experiment: str, host: str, port: int) -> None:
-    """Start a server, two demo experiments and two local workers (needs the [server] extra)."""
+    """Start a server with the two demo experiments and two local workers training one of them (needs the [server]
+    extra)."""
     _exit_with(_server_cli().run_demo(host=host, port=port, experiment=experiment))

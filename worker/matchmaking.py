@@ -1,5 +1,5 @@
-"""How often a peer that looks for an averaging group asks the DHT who else is looking: at most every
-``POLL_SECONDS``, where hivemind asks as fast as the DHT answers.
+"""How often a peer that looks for an averaging group asks the DHT who else is looking: at most once per poll
+interval, set by the experiment's matchmaking time, where hivemind asks as fast as the DHT answers.
 
 hivemind 1.1.12's matchmaking (``hivemind.averaging.matchmaking.PotentialLeaders``) re-reads its group key whenever
 its queue of potential leaders is empty or holds no leader earlier than its own declaration: ``pop_next_leader``
@@ -10,10 +10,16 @@ several peers that each verify it and sign their answer. Measured on two digits 
 on 127.0.0.1: each volunteer's DHT sent about 170 find requests a second, nearly all for the two group keys, and
 the DHT processes and their ``p2pd`` were most of the swarm's CPU (the trainers themselves 0.01 cores).
 
-:func:`install` makes every ``get_averagers`` of one key manager wait until ``POLL_SECONDS`` have passed since its
-previous one. A search's first lookup is not delayed; a follower sees a newly declared leader at most
-``POLL_SECONDS`` later, well inside the shortest ``matchmaking_time`` an experiment may set (0.5 s). The lookup
-itself, and who may join whom, are hivemind's, unchanged, so peers with and without it match with each other.
+:func:`install` makes every ``get_averagers`` of one key manager wait until the poll interval has passed since its
+previous one: a quarter of the experiment's ``matchmaking_time``, between ``MIN_POLL_SECONDS`` and
+``MAX_POLL_SECONDS`` (:func:`poll_seconds`). A leader declares its group at least ``matchmaking_time`` ahead, so a
+follower sees a newly declared leader with three quarters of that window left. A search's first lookup is not
+delayed. The lookup itself, and who may join whom, are hivemind's, unchanged, so peers with and without it match with
+each other.
+
+A peer that looks for a group all the time (the server's witness) would otherwise read the key five times a second
+for as long as it runs, and each read is a signed request that every other peer answers with a signature of its
+own: at a 3 s matchmaking time it now reads 1.3 times a second.
 """
 
 from __future__ import annotations
@@ -22,12 +28,20 @@ import asyncio
 import time
 from typing import Any
 
-# The least time between two lookups of the peers looking for a group, per averager.
-POLL_SECONDS = 0.2
+# The least time between two lookups of the peers looking for a group, per averager: a quarter of the matchmaking
+# time, within these bounds.
+MIN_POLL_SECONDS = 0.2
+MAX_POLL_SECONDS = 1.0
 
 
-def install() -> None:
-    """Pace hivemind's group lookups (in this process and in the averager processes it forks after this call)."""
+def poll_seconds(matchmaking_time: float) -> float:
+    """The least time between two group lookups of an averager whose matchmaking time is ``matchmaking_time``."""
+    return min(max(matchmaking_time / 4, MIN_POLL_SECONDS), MAX_POLL_SECONDS)
+
+
+def install(poll: float = MIN_POLL_SECONDS) -> None:
+    """Pace hivemind's group lookups to one per ``poll`` seconds per averager (in this process and in the averager
+    processes it forks after this call)."""
     from hivemind.averaging.key_manager import GroupKeyManager
 
     original = getattr(GroupKeyManager.get_averagers, "__swarmhub_original__", GroupKeyManager.get_averagers)
@@ -35,7 +49,7 @@ def install() -> None:
     async def get_averagers(self: Any, group_key: Any, only_active: bool) -> Any:
         last = getattr(self, "_swarmhub_last_lookup", None)
         if last is not None:
-            wait = last + POLL_SECONDS - time.monotonic()
+            wait = last + poll - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
         self._swarmhub_last_lookup = time.monotonic()

@@ -18,7 +18,7 @@ ROSTER_UNKNOWN_SECONDS = 1.0  # at most this often when a record is signed by a 
 # At most one signed progress record per this many seconds from a training peer (besides the epoch's first and its
 # final count): hivemind stores one after every step, and each costs the peer's DHT process, its p2pd and every
 # receiving peer a signature and a check.
-PROGRESS_INTERVAL = 0.5
+PROGRESS_INTERVAL = 1.0
 # A record is not followed for this long once this peer, out of sync, has found no state at the epoch it states for
 # UNBACKED_AFTER_SECONDS (see GuardedProgressTracker.leave_out_unbacked).
 UNBACKED_SECONDS = 60.0
@@ -220,6 +220,22 @@ def store_presence(dht: Any, tracker: Any, epoch: int) -> bool:
             expiration_time=get_dht_time() + tracker.metadata_expiration,
         )
     )
+
+
+def make_recording_tracker_class() -> type:
+    """hivemind's own progress tracker, which also keeps the records of its last read of the swarm's progress: the
+    server's witness states its epoch from them (``witness.Witness.swarm_epoch``) instead of reading the same key
+    again, a lookup that every other peer would answer with a signature."""
+    from hivemind.optim.progress_tracker import ProgressTracker
+
+    class RecordingProgressTracker(ProgressTracker):  # type: ignore[misc, valid-type]
+        last_read: tuple[float, Any] | None = None  # (time.monotonic() of the read, the records it found)
+
+        def _parse_swarm_progress_data(self, metadata: Any) -> Any:
+            self.last_read = (time.monotonic(), metadata)
+            return super()._parse_swarm_progress_data(metadata)
+
+    return RecordingProgressTracker
 
 
 def make_tracker_class() -> type:

@@ -277,7 +277,8 @@ def train(
                 on_joined(str(dht.peer_id), maddrs)
             swarm_access.guard_averaging(access.experiment_key, join.run_id, deny_list)
             load_balancing.install()  # every reachable peer gets a part of the vector to reduce
-            matchmaking.install()  # a peer looking for a group asks the DHT who else is, at a bounded rate
+            # a peer looking for a group asks the DHT who else is, at a rate bounded by the matchmaking time
+            matchmaking.install(matchmaking.poll_seconds(cfg.matchmaking_time))
             # what this peer accepts from the others: averaged parts, the swarm's epoch, downloaded state
             robust.install(
                 cfg.aggregation.value,

@@ -108,10 +108,9 @@ class Witness:
 
         if self.roster is None:
             return int(tracker.global_epoch)
-        found = self.dht.get(tracker.training_progress_key, latest=True)
         gone = robust.distrusted()
         names = {peer: name for peer, name in self.roster.usernames().items() if peer not in gone}
-        entries = progress_entries(found.value if found is not None else None, names)
+        entries = progress_entries(self._records(tracker), names)
         partners = robust.partners()
         # a client-mode partner's epoch is evidenced by its rounds as well as anyone's
         with_partners = [(name, epoch) for subkey, name, epoch, _ in entries if owner_peer_id(subkey) in partners]
@@ -125,6 +124,15 @@ class Witness:
             # before any round: the lower median of two accounts or more never is one forger's alone
             return max(self._evidenced, median_vote(votes, server) or 0)
         return self._evidenced
+
+    def _records(self, tracker: Any) -> Any:
+        """The swarm's progress records: those of the tracker's last read when it is at most EPOCH_READ_SECONDS old
+        (it reads at least every second), else read now."""
+        read = getattr(tracker, "last_read", None)
+        if read is not None and time.monotonic() - read[0] <= EPOCH_READ_SECONDS:
+            return read[1]
+        found = self.dht.get(tracker.training_progress_key, latest=True)
+        return found.value if found is not None else None
 
     def publish(self, epoch: int) -> None:
         """Collect what happened since the last call (rounds of ``epoch``, the epoch the peer was in before its
