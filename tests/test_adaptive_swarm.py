@@ -164,12 +164,14 @@ def test_a_peer_averaging_in_the_background_trains_together_with_one_that_does_n
         assert summary["stop_reason"] == "max_steps", workers.stderr(name)
         assert summary["averaging_rounds"].get("2", 0) >= 2, (name, summary)  # rounds with the other one
         assert summary["last_loss"] < summary["first_loss"], (name, summary)
-    # in step while both trained: when the first one stopped, the other was at its epoch or one apart
+    # in step while both trained: when the first one stopped, the other's last report was within two epochs of it
+    # (one apart in most runs; two once, at epochs of about a second on a slow, busy machine, where a report can lag
+    # its epoch change: the delayed-averaging peer also applies each epoch's averaged gradients an epoch late)
     progress = {name: [e for e in events if e["event"] == "progress"] for name, events in results.items()}
     first, other = sorted(progress, key=lambda name: progress[name][-1]["t"])
     stopped = progress[first][-1]
     then = [e["epoch"] for e in progress[other] if e["t"] <= stopped["t"]]
-    assert then and abs(then[-1] - stopped["epoch"]) <= 1, (stopped, then[-3:])
+    assert then and abs(then[-1] - stopped["epoch"]) <= 2, (stopped, then[-3:])
 
 
 @pytest.mark.solo  # how far it trains is asserted: see tests/lanes.py

@@ -68,9 +68,9 @@ def test_thirty_joins_waiting_for_a_starting_swarm_do_not_stall_pages_or_sign_up
             joined = [j.result() for j in joins]
     assert waiting > 0, "the swarm started before the joins arrived: nothing was measured"
     # A page that waited behind the joins' lock waited for their whole wait (10 s: the joins' and SQLite's busy
-    # timeout). Not waiting, it comes back in well under half of that: under a second with the test alone (its
-    # earlier bound), 3.1 s once on a slow machine running the suite's other two lanes beside it.
-    assert page.status_code == 200 and page_seconds < 5.0, page_seconds
+    # timeout). Not waiting, it comes back well before that: under a second with the test alone (its earlier
+    # bound), 3.1 s and 5.1 s on a slow machine running the suite's other two lanes beside it.
+    assert page.status_code == 200 and page_seconds < 8.0, page_seconds
     assert signed_up.status_code == 303, signed_up.text
     # every volunteer joined the one swarm, however long it took to start: none was turned away (a 500 would
     # have ended that volunteer's `swarmhub join` with an error)
