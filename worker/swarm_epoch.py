@@ -222,22 +222,6 @@ def store_presence(dht: Any, tracker: Any, epoch: int) -> bool:
     )
 
 
-def make_recording_tracker_class() -> type:
-    """hivemind's own progress tracker, which also keeps the records of its last read of the swarm's progress: the
-    server's witness states its epoch from them (``witness.Witness.swarm_epoch``) instead of reading the same key
-    again, a lookup that every other peer would answer with a signature."""
-    from hivemind.optim.progress_tracker import ProgressTracker
-
-    class RecordingProgressTracker(ProgressTracker):  # type: ignore[misc, valid-type]
-        last_read: tuple[float, Any] | None = None  # (time.monotonic() of the read, the records it found)
-
-        def _parse_swarm_progress_data(self, metadata: Any) -> Any:
-            self.last_read = (time.monotonic(), metadata)
-            return super()._parse_swarm_progress_data(metadata)
-
-    return RecordingProgressTracker
-
-
 def make_tracker_class() -> type:
     from hivemind.optim.progress_tracker import ProgressTracker
     from hivemind.utils.timed_storage import get_dht_time  # at every step (``_hasten_read``): imported once

@@ -30,7 +30,7 @@ import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.optim.state_averager import TrainingStateAverager
 
-from . import robust, swarm_epoch
+from . import robust, witness
 from .swarm_epoch import UNBACKED_AFTER_SECONDS, UNBACKED_SECONDS
 
 logger = logging.getLogger(__name__)
@@ -141,26 +141,18 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
         return super()._make_gradient_averager(factory, allow_state_sharing=False, **kwargs)
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs: Any) -> Any:
-        if self._roster is None:  # the server's witness: hivemind's tracker, its last read kept for the witness
-            return swarm_epoch.make_recording_tracker_class()(
-                dht=self.dht,
-                prefix=self.run_id,
-                target_batch_size=target_batch_size,
-                client_mode=self.client_mode,
-                status_loglevel=self.status_loglevel,
-                start=True,
-                **kwargs,
-            )
-        return robust.make_tracker_class()(
-            dht=self.dht,
-            prefix=self.run_id,
-            target_batch_size=target_batch_size,
-            client_mode=self.client_mode,
-            status_loglevel=self.status_loglevel,
-            start=True,
-            roster=self._roster,
+        common = {
+            "dht": self.dht,
+            "prefix": self.run_id,
+            "target_batch_size": target_batch_size,
+            "client_mode": self.client_mode,
+            "status_loglevel": self.status_loglevel,
+            "start": True,
             **kwargs,
-        )
+        }
+        if self._roster is None:  # the server's witness: hivemind's tracker, its last read kept for the witness
+            return witness.make_recording_tracker_class()(**common)
+        return robust.make_tracker_class()(roster=self._roster, **common)
 
     def _alone_with_server_peers(self) -> bool:
         return self._roster is not None and getattr(self.tracker, "other_trainers", 1) == 0

@@ -54,6 +54,22 @@ def install() -> None:
     robust.POLICY.witness = _record_round
 
 
+def make_recording_tracker_class() -> type:
+    """hivemind's own progress tracker, which also keeps the records of its last read of the swarm's progress: the
+    server's witness states its epoch from them (``Witness.swarm_epoch``) instead of reading the same key
+    again, a lookup that every other peer would answer with a signature."""
+    from hivemind.optim.progress_tracker import ProgressTracker
+
+    class RecordingProgressTracker(ProgressTracker):  # type: ignore[misc, valid-type]
+        last_read: tuple[float, Any] | None = None  # (time.monotonic() of the read, the records it found)
+
+        def _parse_swarm_progress_data(self, metadata: Any) -> Any:
+            self.last_read = (time.monotonic(), metadata)
+            return super()._parse_swarm_progress_data(metadata)
+
+    return RecordingProgressTracker
+
+
 class Witness:
     """Publishes the rounds the averager processes saw complete, and this peer's flags, in the DHT."""
 
