@@ -18,6 +18,8 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from swarmhub import __version__
+
 from . import body_limit, exports, observability, proxies, security
 from . import teams as team_service
 from . import volunteers as volunteer_service
@@ -115,7 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await coordinator.close()
             engine.dispose()
 
-    app = FastAPI(title="swarmhub", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="swarmhub", version=__version__, lifespan=lifespan)
     _install_error_handlers(app)
     app.add_middleware(body_limit.BodyLimit, settings=settings)  # inside the metrics: 413s are counted
     app.add_middleware(proxies.TrustedProxies, networks=proxies.parse_networks(settings.trusted_proxies))

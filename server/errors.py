@@ -51,6 +51,10 @@ class TooManyRequests(AppError):
     status_code = 429
 
 
+class UpgradeRequired(AppError):
+    status_code = 426
+
+
 class Unavailable(AppError):
     status_code = 503
 
@@ -79,6 +83,7 @@ def documented(*codes: int) -> dict[int | str, dict[str, Any]]:
         404: "Not found",
         409: "Conflicts with the current state",
         413: "Too large",
+        426: "This client is too old: upgrade it",
         429: "Too many requests: see Retry-After",
         503: "Unavailable for now: see Retry-After",
     }

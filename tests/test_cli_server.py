@@ -14,11 +14,12 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import select
+from sqlalchemy import func, select
 
+from swarmhub import __version__
 from swarmhub.server import experiments, leases
 from swarmhub.server.app import create_app
-from swarmhub.server.models import User, utcnow
+from swarmhub.server.models import SwarmPeerKey, User, utcnow
 from swarmhub.server.services import services
 from swarmhub.worker import swarm_tokens
 from swarmhub.worker.cli import main
@@ -202,6 +203,16 @@ def clock_shifting_proxy(upstream: str, shift: float):
     """A real ASGI app in front of the server: it passes every request on, and moves the server's clock in join
     answers by ``shift`` seconds, so the worker sees the server as a machine whose clock is that far off would."""
 
+    def shift_clock(answer: dict) -> None:
+        answer["server_time"] += shift
+
+    return join_rewriting_proxy(upstream, shift_clock)
+
+
+def join_rewriting_proxy(upstream: str, rewrite):
+    """A real ASGI app in front of the server: it passes every request on, and hands each join answer to
+    ``rewrite`` (which changes the dict in place) before the worker sees it."""
+
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
             while (message := await receive())["type"] != "lifespan.shutdown":
@@ -219,7 +230,7 @@ def clock_shifting_proxy(upstream: str, shift: float):
         content = response.content
         if scope["path"].endswith("/join") and response.status_code == 200:
             answer = response.json()
-            answer["server_time"] += shift
+            rewrite(answer)
             content = json.dumps(answer).encode()
         kept = [(k.encode(), v.encode()) for k, v in response.headers.items() if k not in ("content-length", "date")]
         kept.append((b"content-length", str(len(content)).encode()))
@@ -231,18 +242,8 @@ def clock_shifting_proxy(upstream: str, shift: float):
 
 @pytest.mark.parametrize(("shift", "direction"), [(120.0, "behind"), (-120.0, "ahead of")])
 def test_join_refuses_a_clock_far_off_the_servers(settings, tmp_path, shift, direction):
-    """hivemind's peers reject requests over 60 s off their clock: `join` stops at 30 s, before the swarm."""
-    app = create_app(settings.model_copy(update={"swarm_enabled": True}))
-    db = services(app).sessionmaker
-    owner = make_user(db)
-    experiment = make_experiment(db, owner, slug="clock-run", status="running")
-    # Another server process hosts this swarm (it holds the lease and published its bootstrap address), so
-    # this one answers the join without starting a peer; no peer is dialed before the clock check anyway.
-    run_id = experiments.run_id(experiment)
-    bootstrap = swarm_tokens.peer_id_for_public_key(swarm_tokens.SigningKey.generate().get_public_key().to_bytes())
-    with db.begin() as session:
-        assert leases.acquire(session, run_id, "another-replica", now=utcnow() + timedelta(hours=1))
-        leases.publish(session, run_id, "another-replica", [f"/ip4/127.0.0.1/tcp/9/p2p/{bootstrap}"], peers=1)
+    """Swarm tokens and records expire by each peer's clock: `join` stops at 30 s off, before the swarm."""
+    app, _ = hosted_elsewhere(settings, "clock-run")  # no peer is dialed before the clock check anyway
     with LiveServer(app) as server, LiveServer(clock_shifting_proxy(server.url, shift)) as proxy:
         env = {
             "SWARMHUB_CONFIG_DIR": str(tmp_path / "config"),
@@ -256,3 +257,77 @@ def test_join_refuses_a_clock_far_off_the_servers(settings, tmp_path, shift, dir
     skew = re.search(rf"This machine's clock is (\d+) s {direction} the server's", result.output)
     assert skew and 115 <= int(skew.group(1)) <= 125, result.output
     assert "sudo timedatectl set-ntp true" in result.output
+
+
+def hosted_elsewhere(settings, slug: str):
+    """An app whose running experiment ``slug`` has its swarm in another server process (which holds the lease and
+    published its bootstrap address): this one answers joins without starting a peer."""
+    app = create_app(settings.model_copy(update={"swarm_enabled": True}))
+    db = services(app).sessionmaker
+    experiment = make_experiment(db, make_user(db), slug=slug, status="running")
+    run_id = experiments.run_id(experiment)
+    bootstrap = swarm_tokens.peer_id_for_public_key(swarm_tokens.SigningKey.generate().get_public_key().to_bytes())
+    with db.begin() as session:
+        assert leases.acquire(session, run_id, "another-replica", now=utcnow() + timedelta(hours=1))
+        leases.publish(session, run_id, "another-replica", [f"/ip4/127.0.0.1/tcp/9/p2p/{bootstrap}"], peers=1)
+    return app, db
+
+
+@pytest.mark.parametrize(
+    ("hub_speaks", "fix"),
+    [
+        (None, "the hub runs an earlier swarmhub: ask its operator to upgrade the server"),
+        (3, "upgrade with `pip install -U swarmhub`, then join again"),
+    ],
+)
+def test_join_refuses_a_hub_whose_swarm_speaks_another_protocol(settings, tmp_path, hub_speaks, fix):
+    """A hub of an earlier swarmhub names no protocol in its join answer (its peers sign each DHT request, and
+    refuse this worker's), a later one a higher number: `join` says which side to upgrade, in one line."""
+    app, _ = hosted_elsewhere(settings, "protocol-run")
+
+    def speak(answer: dict) -> None:
+        if hub_speaks is None:
+            del answer["swarm_protocol"]
+        else:
+            answer["swarm_protocol"] = hub_speaks
+
+    with LiveServer(app) as server, LiveServer(join_rewriting_proxy(server.url, speak)) as proxy:
+        env = {
+            "SWARMHUB_CONFIG_DIR": str(tmp_path / "config"),
+            "SWARMHUB_STATE_DIR": str(tmp_path / "state"),
+            "SWARMHUB_SERVER": proxy.url,
+            "SWARMHUB_TOKEN": token_for(server.url),
+        }
+        result = run(["join", "protocol-run"], env)
+    assert result.exit_code == 1, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    speaks = 1 if hub_speaks is None else hub_speaks
+    assert f"speaks protocol {speaks} and this swarmhub 2: {fix}" in result.output
+
+
+def test_the_server_refuses_a_worker_too_old_for_its_swarm_and_admits_nothing(settings):
+    """A 0.1.0 worker signs its DHT requests and refuses unsigned answers: it could not talk to any peer of this
+    swarm. Its join (what it sends: a version and a key) gets a 426 naming the field, and no key is admitted."""
+    app, db = hosted_elsewhere(settings, "old-worker-run")
+    key = swarm_tokens.SigningKey.generate().get_public_key().to_bytes().decode()
+    with LiveServer(app) as server:
+        headers = {"Authorization": f"Bearer {token_for(server.url)}"}
+        old = httpx.post(
+            f"{server.url}/api/experiments/old-worker-run/join",
+            json={"client_version": "0.1.0", "peer_public_key": key, "device": "cpu"},
+            headers=headers,
+        )
+        with db() as session:
+            admitted = session.scalar(select(func.count()).select_from(SwarmPeerKey))
+        current = httpx.post(
+            f"{server.url}/api/experiments/old-worker-run/join",
+            json={"client_version": __version__, "peer_public_key": key, "device": "cpu"},
+            headers=headers,
+        )
+    assert old.status_code == 426, old.text
+    assert old.json()["field"] == "client_version"
+    assert "swarmhub 0.1.0 cannot join this swarm" in old.json()["detail"]
+    assert "pip install -U swarmhub" in old.json()["detail"]
+    assert admitted == 0
+    assert current.status_code == 200, current.text  # the control: the same join from this version
+    assert current.json()["swarm_protocol"] == 2

@@ -120,9 +120,10 @@ def test_identity_key_is_stable_and_private(tmp_path):
 # Peers that try to enter the swarm, one after the other in one process, with the tokens the test names; the
 # authorizer is a rogue one that does not check its own token (an honest one refuses to send a bad token at all).
 ROGUE = """
-import json, sys
+import json, os, sys, tempfile
 from datetime import timedelta
 import hivemind
+from hivemind.proto import crypto_pb2
 from hivemind.utils.timed_storage import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
 from swarmhub.worker import swarm_access
@@ -137,8 +138,15 @@ class Rogue(swarm_access.SwarmAuthorizer):
 for case in cases:
     me = RSAPrivateKey()
     pk = me.get_public_key().to_bytes()
+    # Its libp2p identity is the key it holds, as a worker's; but "one-token-many-peers" runs a second peer ID on
+    # the valid token of its first (one volunteer's token spread over many peers).
+    runs_as = RSAPrivateKey() if case == "one-token-many-peers" else me
+    identity = os.path.join(tempfile.mkdtemp(), "id.key")
+    with open(identity, "wb") as out:
+        out.write(crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.RSA, data=runs_as.to_bytes()).SerializeToString())
     tokens = {
         "valid": lambda: swarm_access.sign_token(signing, run_id, "ada", pk, timedelta(minutes=5)),
+        "one-token-many-peers": lambda: swarm_access.sign_token(signing, run_id, "ada", pk, timedelta(minutes=5)),
         "other-key": lambda: swarm_access.sign_token(RSAPrivateKey(), run_id, "ada", pk, timedelta(minutes=5)),
         "expired": lambda: swarm_access.sign_token(signing, run_id, "ada", pk, timedelta(seconds=-30)),
         "other-experiment": lambda: swarm_access.sign_token(signing, run_id + "-x", "ada", pk, timedelta(minutes=5)),
@@ -150,7 +158,7 @@ for case in cases:
         authorizer = Rogue(me, signing.get_public_key(), run_id, tokens[case])
     try:
         dht = hivemind.DHT(initial_peers=maddrs, host_maddrs=["/ip4/127.0.0.1/tcp/0"], authorizer=authorizer,
-                           start=True)
+                           identity_path=identity, start=True)
     except Exception as exc:
         print(json.dumps({"case": case, "entered": False, "error": type(exc).__name__}), flush=True)
         continue
@@ -160,7 +168,7 @@ for case in cases:
     dht.shutdown()
 """
 
-ROGUE_CASES = ["no-token", "other-key", "expired", "other-experiment", "someone-elses-key"]
+ROGUE_CASES = ["no-token", "other-key", "expired", "other-experiment", "someone-elses-key", "one-token-many-peers"]
 
 
 def try_to_enter(maddrs: list[str], run_id: str, key_text: str, cases: list[str]) -> dict[str, dict]:
@@ -362,6 +370,74 @@ def test_rogues_get_nothing_while_two_honest_peers_average(swarm_peer, tmp_path)
     assert rogue == nothing  # the rogue got neither the model, nor a group, nor an answer to its part
     assert admitted["parts"] > 0 and admitted["aggregated"] == 1  # a peer on the roster is answered
     assert removed == nothing
+
+
+# A swarm of two: a hostile first peer that answers each DHT request with the token of the test's choice, and an
+# honest peer that joins through it. Per case: whether the honest peer got in and read what the hostile one stored.
+ANSWERER = """
+import json, os, sys, tempfile
+from datetime import timedelta
+import hivemind
+from hivemind.proto import crypto_pb2
+from hivemind.utils.crypto import RSAPrivateKey
+from hivemind.utils.timed_storage import get_dht_time
+from swarmhub.worker import swarm_access
+
+run_id = "swarmhub-answers-1"
+signing = swarm_access.SigningKey.generate()
+
+def peer(username, authorizer_class=swarm_access.SwarmAuthorizer):
+    key = RSAPrivateKey()
+    identity = os.path.join(tempfile.mkdtemp(), "id.key")
+    with open(identity, "wb") as out:
+        out.write(crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.RSA, data=key.to_bytes()).SerializeToString())
+    token = swarm_access.sign_token(signing, run_id, username, key.get_public_key().to_bytes(), timedelta(minutes=5))
+    authorizer = authorizer_class(key, signing.get_public_key(), run_id, lambda: token, first_token=token)
+    return authorizer, identity, token
+
+class Answerer(swarm_access.SwarmAuthorizer):  # answers with the token in ``answer_with``, not always its own
+    answer_with = None
+    async def bind_response(self, response, request):
+        await super().bind_response(response, request)
+        if self.answer_with is not None:
+            response.auth.service_access_token.CopyFrom(self.answer_with)
+
+_, _, bobs = peer("bob")  # a volunteer in good standing, whose valid token the hostile peer copied
+for case in json.loads(sys.argv[1]):
+    hostile, identity, own = peer("mallory", Answerer)
+    hostile.answer_with = {"own-token": None, "bobs-token": bobs}[case]
+    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], authorizer=hostile, identity_path=identity, start=True)
+    first.store(f"{run_id}_note", "from the first peer", get_dht_time() + 60)
+    honest, identity, _ = peer("ada")
+    try:
+        second = hivemind.DHT(initial_peers=[str(a) for a in first.get_visible_maddrs()], authorizer=honest,
+                              host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=identity, start=True)
+    except Exception:
+        print(json.dumps({"case": case, "entered": False}), flush=True)
+    else:
+        print(json.dumps({"case": case, "entered": True, "read": second.get(f"{run_id}_note") is not None}), flush=True)
+        second.shutdown()
+    first.shutdown()
+"""
+
+
+@pytest.mark.swarm
+def test_an_answer_counts_only_from_the_peer_its_token_binds():
+    """A peer that answers DHT requests with another volunteer's valid token (copied from a request, say: a removed
+    volunteer's peer posing as one in good standing) is not heard: a joining peer gets no answer from it. The same
+    peer answering with its own token is (the control)."""
+    done = subprocess.run(
+        [sys.executable, "-c", ANSWERER, json.dumps(["bobs-token", "own-token"])],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    outcomes = {
+        o.pop("case"): o for o in map(json.loads, filter(lambda x: x.startswith("{"), done.stdout.splitlines()))
+    }
+    assert outcomes == {"bobs-token": {"entered": False}, "own-token": {"entered": True, "read": True}}, done.stderr[
+        -3000:
+    ]
 
 
 @pytest.mark.swarm

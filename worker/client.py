@@ -13,7 +13,7 @@ code  meaning
 4     not found: unknown experiment (or a task this install lacks)
 5     server unreachable or server error (also: the swarm's bootstrap peers did not answer)
 6     experiment not accepting volunteers (not running, or stopped by its organizer while joined)
-7     this machine's clock is too far off the server's (the swarm refuses requests over 60 s off)
+7     this machine's clock is too far off the server's (tokens and swarm records expire by each peer's clock)
 8     removed from the experiment by its organizer
 130   interrupted by Ctrl-C
 143   terminated by SIGTERM

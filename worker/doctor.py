@@ -115,7 +115,8 @@ def check_clock(client: ApiClient) -> Finding:
         return Finding(
             "clock",
             FAIL,
-            f"{abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} the server's (peers refuse over 60 s)",
+            f"{abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} the server's"
+            " (tokens and records expire by each peer's clock)",
             "turn on automatic time sync, for example `sudo timedatectl set-ntp true`",
         )
     return Finding("clock", OK, f"{abs(skew):.1f} s off the server's")

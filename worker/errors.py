@@ -72,8 +72,8 @@ MAX_CLOCK_SKEW_SECONDS = 30.0
 
 
 def check_clock(server_time: float, sent_at: float, received_at: float) -> None:
-    """Refuse to start when this machine's clock is over 30 s off the server's: hivemind's peers reject
-    requests more than 60 s off theirs, so such a worker could not take part anyway."""
+    """Refuse to start when this machine's clock is over 30 s off the server's: swarm tokens and the swarm's
+    records (progress, roster) expire by each peer's own clock, so such a worker could not take part anyway."""
     skew = (sent_at + received_at) / 2 - server_time
     if abs(skew) > MAX_CLOCK_SKEW_SECONDS:
         direction = "ahead of" if skew > 0 else "behind"

@@ -17,7 +17,16 @@ import click
 
 from .. import __version__
 from .client import USER_AGENT, ApiClient, ExitCode, WorkerError, check_clock, not_accepting
-from .protocol import MAX_BANDWIDTH_MBPS, ExperimentStatus, JoinRequest, JoinResponse, PeerRole, Precision, SwarmToken
+from .protocol import (
+    MAX_BANDWIDTH_MBPS,
+    SWARM_PROTOCOL,
+    ExperimentStatus,
+    JoinRequest,
+    JoinResponse,
+    PeerRole,
+    Precision,
+    SwarmToken,
+)
 from .session import run_session
 from .settings import WorkerSettings
 from .spool import Spool, discard, leftovers
@@ -93,6 +102,7 @@ def join_and_train(
         sent_at = time.time()
         joined = client.join(slug, request)
         check_clock(joined.server_time, sent_at, time.time())
+        check_swarm_protocol(client.server_url, joined)
         if note:
             click.echo(note)
 
@@ -198,3 +208,19 @@ def corpus_of(server_url: str, token: str, slug: str, cache_dir: Path, data_path
             return None
 
     return RemoteCorpus(manifest, cache_dir, get, next_shard)
+
+
+def check_swarm_protocol(server_url: str, joined: JoinResponse) -> None:
+    """Refuse a hub whose swarm speaks another protocol than this worker's peers (``protocol.SWARM_PROTOCOL``):
+    every request between them would be refused, so the peer could neither train with the swarm nor be seen."""
+    if joined.swarm_protocol == SWARM_PROTOCOL:
+        return
+    fix = (
+        "the hub runs an earlier swarmhub: ask its operator to upgrade the server"
+        if joined.swarm_protocol < SWARM_PROTOCOL
+        else "upgrade with `pip install -U swarmhub`, then join again"
+    )
+    raise WorkerError(
+        f"The swarm at {server_url} speaks protocol {joined.swarm_protocol} and this swarmhub {SWARM_PROTOCOL}: {fix}",
+        ExitCode.ERROR,
+    )

@@ -4,8 +4,9 @@ Each experiment has its own RSA-2048 signing key, kept by the server. When a vol
 signs an access token that binds the experiment (its hivemind ``run_id``), the volunteer's username, the
 public key of their peer and an expiry (the bytes and keys are defined in ``swarm_tokens``, which the server
 uses without loading hivemind; its names are re-exported here). Every peer (workers and the server's own)
-checks the token of every DHT request and response with hivemind's token protocol (``TokenAuthorizerBase``:
-each request is signed by the sender's key, carries a fresh nonce and a timestamp within 60 s).
+checks the token of every DHT request and answer: valid, its user not removed, and the key it binds is the one
+that the libp2p connection it came on was authenticated with (``dht_auth``; hivemind's own protocol signs each
+request and answer instead, at two RSA signatures a request).
 
 A peer's identity key is one RSA key per user and experiment, stored on the volunteer's machine in
 libp2p's key format: hivemind derives the peer ID from it, the token binds its public key, and the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -32,7 +34,7 @@ from hivemind.proto.auth_pb2 import AccessToken
 from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey
 
-from . import swarm_tokens
+from . import dht_auth, swarm_tokens
 from .deny_list import DENY_POLL_SECONDS as DENY_POLL_SECONDS
 from .deny_list import DenyList as DenyList
 from .swarm_tokens import REFRESH_MARGIN as REFRESH_MARGIN
@@ -134,10 +136,12 @@ class SwarmAuthorizer(TokenAuthorizerBase):
         self.run_id = run_id
         self.denied = denied or DenyList()
         self.verified = VerifiedTokens(experiment_key, run_id)
+        self.peer_ids = dht_auth.PeerIds()
         self._fetch = fetch
         self._refresh_margin = refresh_margin
         if first_token is not None:
             self._local_access_token = first_token
+        dht_auth.install()  # before the DHT that uses this authorizer starts (it runs in a forked process)
 
     async def get_token(self) -> AccessToken:
         return await asyncio.get_running_loop().run_in_executor(None, self._fetch)
@@ -150,6 +154,34 @@ class SwarmAuthorizer(TokenAuthorizerBase):
     def does_token_need_refreshing(self, access_token: AccessToken) -> bool:
         expires = parse_expiry(access_token.expiration_time)
         return expires is None or expires - datetime.now(timezone.utc) <= self._refresh_margin
+
+    # The DHT's requests and answers, bound to the libp2p connection instead of signed (``dht_auth``).
+
+    def is_bound_to(self, token: AccessToken, peer_id: Any) -> bool:
+        """``token`` is valid, its user not removed, and the key it binds is ``peer_id``'s (a libp2p PeerID)."""
+        expected = self.peer_ids.of(token.public_key)
+        return expected is not None and expected == peer_id.to_bytes() and self.is_token_valid(token)
+
+    async def bind_request(self, request: Any) -> None:
+        await self.refresh_token_if_needed()
+        request.auth.client_access_token.CopyFrom(self._local_access_token)
+        request.auth.nonce = secrets.token_bytes(8)  # the answer must echo it (the channel already binds the two)
+
+    async def is_request_from(self, request: Any, remote_id: Any) -> bool:
+        await self.refresh_token_if_needed()
+        return self.is_bound_to(request.auth.client_access_token, remote_id)
+
+    async def bind_response(self, response: Any, request: Any) -> None:
+        await self.refresh_token_if_needed()
+        response.auth.service_access_token.CopyFrom(self._local_access_token)
+        response.auth.nonce = request.auth.nonce
+
+    def is_answer_from(self, response: Any, request: Any, dialed: Any) -> bool:
+        return (
+            response is not None
+            and response.auth.nonce == request.auth.nonce
+            and self.is_bound_to(response.auth.service_access_token, dialed)
+        )
 
 
 # -- averaging and state download ------------------------------------------------------------------------

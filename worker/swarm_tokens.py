@@ -193,8 +193,8 @@ class VerifiedTokens:
 
     Only tokens that verified are remembered (a caller cannot fill the memory without tokens the experiment's
     key signed), and at most ``limit`` of them, the oldest forgotten first. What a token grants is still decided
-    per call: the caller's deny list is read every time, and each request proves the token's key by its own
-    signature (hivemind's ``validate_request``)."""
+    per call: the caller's deny list is read every time, and each request must come over a libp2p connection
+    authenticated with the token's key (``dht_auth``)."""
 
     def __init__(self, experiment_key: Verifier, run_id: str, limit: int = 4096):
         self.experiment_key, self.run_id, self.limit = experiment_key, run_id, limit

@@ -9,15 +9,16 @@ run that its reports will go to, stored under the peer ID derived from that key,
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
-from swarmhub.worker.protocol import JoinRequest, JoinResponse
+from swarmhub.worker.protocol import MIN_WORKER_VERSION, SWARM_PROTOCOL, JoinRequest, JoinResponse
 
-from ..errors import Unavailable
+from ..errors import Unavailable, UpgradeRequired
 from ..models import Experiment, User
 from .admission import check_peer_key, experiment_public_key, swarm_token
 from .lifecycle import needs_corpus, run_id
@@ -40,6 +41,7 @@ def join(
     few seconds at most) for the addresses the swarm's bootstrap peer listens on, [] when it is not up yet (a 503
     with Retry-After: nothing is written then)."""
     check_joinable(session, experiment, user)
+    check_worker_version(request.client_version)
     key = check_peer_key(session, experiment, user, request.peer_public_key)  # before any waiting
     if not swarm_enabled:
         raise Unavailable("this server runs no swarm peers (SWARMHUB_SWARM_ENABLED=false)")
@@ -76,4 +78,23 @@ def join(
         experiment_public_key=experiment_public_key(experiment),
         server_time=time.time(),
         data_path=f"/api/experiments/{experiment.slug}/data" if needs_corpus(experiment) else None,
+        swarm_protocol=SWARM_PROTOCOL,
     )
+
+
+def _version(text: str) -> tuple[int, ...] | None:
+    """The release numbers of a version string ("0.2.0", "0.2.0rc1" -> (0, 2, 0)); None if it starts with none."""
+    found = re.match(r"\d+(?:\.\d+)*", text.strip())
+    return tuple(int(number) for number in found.group().split(".")) if found else None
+
+
+def check_worker_version(client_version: str) -> None:
+    """Refuse (426) a swarmhub worker too old to speak the swarm's protocol: its peer could not talk to any other.
+    A client that names no version (a script of the API's own) is not a worker of ours, and is let through."""
+    version = _version(client_version)
+    if version is not None and version < _version(MIN_WORKER_VERSION):  # type: ignore[operator]
+        raise UpgradeRequired(
+            f"swarmhub {client_version} cannot join this swarm (its peers need {MIN_WORKER_VERSION} or later): "
+            "upgrade with `pip install -U swarmhub`, then join again",
+            field="client_version",
+        )

@@ -240,7 +240,9 @@ def _bootstrap_addresses(request: Request, run_id: str, timeout: float) -> list[
 SWARM_TOKEN_LIMITS = [Depends(no_store), limited_per_account("swarm-token")]
 
 
-@router.post("/experiments/{slug}/join", response_model=JoinResponse, dependencies=SWARM_TOKEN_LIMITS)
+@router.post(
+    "/experiments/{slug}/join", response_model=JoinResponse, dependencies=SWARM_TOKEN_LIMITS, responses=documented(426)
+)
 def join(
     slug: str, body: JoinBody, session: DB, user: CurrentUser, settings: AppSettings, request: Request
 ) -> JoinResponse:
