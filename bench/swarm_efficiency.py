@@ -19,6 +19,9 @@ holds two epoch changes or more):
   * one at a time (secondary): the first worker's solo window before the second joins (A in odd rounds, B in
     even). A worker alone on the machine also has the second core for its hivemind helper processes, which it
     loses in the swarm: on 2 cores this ratio measures the machine as much as swarmhub;
+- machine: bare loops of the workload (no swarm), one alone and then two at once. Two single-thread trainers
+  at once may get less than twice one alone's rate from the hardware itself (shared caches, memory bandwidth,
+  clocks): their ratio is the most that the one-at-a-time efficiency can reach on this machine, printed beside it;
 - plain: the same two-peer swarm as a plain ``hivemind.DHT`` + ``hivemind.Optimizer`` loop configured like
   hivemind's ALBERT example (offload_optimizer, delay_optimizer_step, delay_grad_averaging, fp16 compression for
   gradients and state, the example's averager and progress-tracker options, verbose False) with the same model,
@@ -151,6 +154,29 @@ def side_by_side_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
     return {"sbs_A": rates[0], "sbs_B": rates[1], "sbs_cpu": cpu}
 
 
+def machine_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
+    """Bare loops of the workload (no swarm): one alone, then two at once. What two single-thread trainers get of
+    this machine at once, against one at a time: the most that the one-at-a-time efficiency can reach here."""
+    exp = experiment(mode)
+    config = {
+        "hidden_size": exp["task_params"]["hidden_size"],
+        "batch_size": exp["task_params"]["batch_size"],
+        "learning_rate": exp["learning_rate"],
+    }
+
+    def measure(names: str) -> list[float]:
+        loops = [h.worker(f"r{r}-bare-{n}", "bare", {**config, "data_seed": i}) for i, n in enumerate(names)]
+        t0 = c.wait_progress(loops, 120) + mode.solo_warmup
+        c.sleep_until(t0 + mode.solo_window)
+        t1 = time.time()
+        codes = h.stop(loops)
+        if codes != [0] * len(loops):
+            raise c.BenchError(f"bare round {r}: exit codes {codes}\n{loops[0].log_tail()}")
+        return [c.swarm_rate([loop], t0, t1)[0] for loop in loops]
+
+    return {"bare_alone": measure("A")[0], "bare_together": sum(measure("AB"))}
+
+
 def plain_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
     """Two plain hivemind peers (ALBERT's configuration) that bootstrap from a bare DHT peer."""
     boot = h.worker(f"r{r}-plain-boot", "plain-bootstrap", {})
@@ -224,9 +250,10 @@ def main() -> int:
         for r in range(rounds):
             first, second = ("A", "B") if r % 2 == 0 else ("B", "A")
             row: dict[str, Any] = {}
-            order = ["swarmhub", "side-by-side solos", "plain"]
+            order = ["swarmhub", "side-by-side solos", "plain", "machine"]
             if not mode.side_by_side:
                 order.remove("side-by-side solos")
+                order.remove("machine")
             if r % 2:
                 order.reverse()
             for variant in order:
@@ -237,6 +264,8 @@ def main() -> int:
                         plain = plain_round(h, r, mode)
                         row["plain_min_peers"] = plain.pop("min_peers")
                         row.update(plain)
+                    elif variant == "machine":
+                        row.update(machine_round(h, r, mode))
                     else:
                         row.update(side_by_side_round(h, r, mode))
             results.append(row)
@@ -287,6 +316,14 @@ def report(results: list[dict[str, Any]], rounds: int, elapsed: float) -> None:
     if side:
         rows.append(["efficiency, side by side", *cells(eff_sbs)])
     rows += [["efficiency, one at a time", *cells(eff_seq)], ["ratio swarmhub/plain", *cells(ratio)]]
+    machine = [r for r in results if "bare_alone" in r]
+    ceiling = [r["bare_together"] / (2 * r["bare_alone"]) for r in machine]
+    if machine:
+        rows += [
+            ["bare loop alone", *cells([r["bare_alone"] for r in machine])],
+            ["two bare loops at once (sum)", *cells([r["bare_together"] for r in machine])],
+            ["machine: two at once / 2 x one", *cells(ceiling)],
+        ]
     print(c.table(headers, rows))
     print(f"one at a time: sum = median(solo A) + median(solo B){note}")
     for i, r in enumerate(results):
@@ -306,6 +343,13 @@ def report(results: list[dict[str, Any]], rounds: int, elapsed: float) -> None:
     eff = c.median(eff_seq)
     primary = "" if side else " [side-by-side solos not measured in --quick]"
     print(f"efficiency (one-at-a-time solos) = {eff:.3f} (target >= 0.9): {c.verdict(eff >= 0.9)}{primary}")
+    if machine:
+        most = c.median(ceiling)
+        print(
+            f"  this machine gives two single-thread bare loops at once {most:.3f} of what one alone gets twice: the "
+            f"most a swarm of two can reach against one-at-a-time solos here; one-at-a-time efficiency / that = "
+            f"{eff / most:.3f}"
+        )
     rat = c.median(ratio)
     print(f"swarmhub/plain = {rat:.3f} (target >= 1.0): {c.verdict(rat >= 1.0)}")
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select, update
 from starlette.testclient import TestClient
 
+from swarmhub import __version__
 from swarmhub.server import experiments, swarm_view, witnessed
 from swarmhub.server.app import create_app
 from swarmhub.server.models import Experiment, SwarmLease, User, WorkerRun, utcnow
@@ -165,7 +166,7 @@ def test_what_a_join_reports_is_shown_per_peer(client, db, hub, swarm):
             "live",
             JoinRequest(
                 device="cuda",
-                client_version="0.1.0",
+                client_version=__version__,
                 peer_public_key=trainer_key,
                 precision=Precision.bf16,
                 client_mode=False,
@@ -217,11 +218,12 @@ def test_what_a_join_reports_is_shown_per_peer(client, db, hub, swarm):
     assert [newest[k] for k in FIGURES] == ["peer", ["cuda"], "fp16", True, None, None, 0.0]  # not reported yet
 
 
-def test_an_older_workers_join_without_the_new_fields_still_works(client, db, hub, swarm):
+def test_a_join_without_the_optional_report_fields_still_works(client, db, hub, swarm):
+    """The report fields are optional (a script of the API need not send them): the peer is stored without them."""
     key = _peer_key()
     response = httpx.post(
         f"{hub.url}/api/experiments/live/join",
-        json={"device": "cpu", "client_version": "0.0.9", "peer_public_key": key},
+        json={"device": "cpu", "client_version": __version__, "peer_public_key": key},
         headers=api_token(client, "carol"),
     )
     assert response.status_code == 200, response.text

@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from swarmhub.worker.client import ApiClient, ExitCode, WorkerError
 from swarmhub.worker.data import RemoteCorpus
+from swarmhub.worker.protocol import SWARM_PROTOCOL
 from swarmhub.worker.safe_paths import UnsafePath, confined, file_name_problem, write_file
 from swarmhub.worker.transport import on_this_machine, require_encryption
 
@@ -92,6 +93,7 @@ class Hostile:
                 "experiment_public_key": "k",
                 "server_time": time.time(),
                 "data_path": self.data_path or f"/api/experiments/{slug}/data",
+                "swarm_protocol": SWARM_PROTOCOL,  # it passes as a hub of this version, to reach the corpus
             }
         )
 

@@ -5,8 +5,8 @@ hivemind 1.1.12's matchmaking (``hivemind.averaging.matchmaking.PotentialLeaders
 its queue of potential leaders is empty or holds no leader earlier than its own declaration: ``pop_next_leader``
 sets ``update_triggered`` and ``_update_queue_periodically`` answers with another ``GroupKeyManager.get_averagers``
 at once, in a loop with no pause. So for the whole of a search (``matchmaking_time``, seconds, every epoch and for
-each of a peer's two averagers) a peer sends DHT lookups back to back, and every lookup is a signed request to
-several peers that each verify it and sign their answer. Measured on two digits volunteers and the server's peers
+each of a peer's two averagers) a peer sends DHT lookups back to back, and every lookup is a request to several
+peers (then signed, and each answer too: swarm protocol 1). Measured on two digits volunteers and the server's peers
 on 127.0.0.1: each volunteer's DHT sent about 170 find requests a second, nearly all for the two group keys, and
 the DHT processes and their ``p2pd`` were most of the swarm's CPU (the trainers themselves 0.01 cores).
 
@@ -18,8 +18,8 @@ delayed. The lookup itself, and who may join whom, are hivemind's, unchanged, so
 each other.
 
 A peer that looks for a group all the time (the server's witness) would otherwise read the key five times a second
-for as long as it runs, and each read is a signed request that every other peer answers with a signature of its
-own: at a 3 s matchmaking time it now reads 1.3 times a second.
+for as long as it runs, and each read is a request that every other peer answers: at a 3 s matchmaking time it now
+reads 1.3 times a second.
 """
 
 from __future__ import annotations
