@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from hivemind.p2p import PeerID
+from hivemind.proto import dht_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarmhub.worker import swarm_access
@@ -88,6 +91,54 @@ def test_a_token_is_verified_once_and_then_checked_at_the_cost_of_a_lookup():
     denied.add("mallory")
     authorizer.denied = swarm_access.DenyList(lambda: set(denied), 3600)
     assert not authorizer.is_token_valid(mallory)
+
+
+def test_a_request_counts_only_on_the_connection_of_the_key_its_token_binds():
+    """The check behind every DHT request and answer (``dht_auth``): the token valid, its user not removed, its key
+    the one whose peer ID the connection was authenticated as; an answer must also echo the request's nonce."""
+    experiment, ada, bob = RSAPrivateKey(), RSAPrivateKey(), RSAPrivateKey()
+
+    def token(key: RSAPrivateKey, username: str, lifetime: timedelta = timedelta(minutes=5)):
+        public = key.get_public_key().to_bytes()
+        return swarm_access.to_access_token(swarm_access.sign_token(experiment, RUN, username, public, lifetime))
+
+    def peer_id(key: RSAPrivateKey) -> PeerID:
+        return PeerID.from_base58(swarm_access.peer_id_for_public_key(key.get_public_key().to_bytes()))
+
+    ada_token, bob_token = token(ada, "ada"), token(bob, "bob")
+    denied: set[str] = set()
+    ada_side = swarm_access.SwarmAuthorizer(ada, experiment.get_public_key(), RUN, lambda: ada_token, ada_token)
+    bob_side = swarm_access.SwarmAuthorizer(
+        bob,
+        experiment.get_public_key(),
+        RUN,
+        lambda: bob_token,
+        bob_token,
+        denied=swarm_access.DenyList(lambda: denied, 3600),
+    )
+    request = dht_pb2.PingRequest(peer=dht_pb2.NodeInfo())
+    asyncio.run(ada_side.bind_request(request))
+    assert request.auth.signature == b""  # nothing is signed per request
+    assert asyncio.run(bob_side.is_request_from(request, peer_id(ada)))
+    assert not asyncio.run(bob_side.is_request_from(request, peer_id(RSAPrivateKey())))  # on another connection
+    response = dht_pb2.PingResponse()
+    asyncio.run(bob_side.bind_response(response, request))
+    assert ada_side.is_answer_from(response, request, peer_id(bob))
+    assert not ada_side.is_answer_from(response, request, peer_id(RSAPrivateKey()))  # another peer was dialed
+    other = dht_pb2.PingRequest(peer=dht_pb2.NodeInfo())
+    asyncio.run(ada_side.bind_request(other))
+    assert not ada_side.is_answer_from(response, other, peer_id(bob))  # the answer to another request
+    for bad in (token(ada, "ada", timedelta(seconds=-30)), token(RSAPrivateKey(), "ada")):  # expired; another key's
+        forged = dht_pb2.PingRequest(peer=dht_pb2.NodeInfo())
+        forged.auth.client_access_token.CopyFrom(bad)
+        assert not asyncio.run(bob_side.is_request_from(forged, peer_id(ada)))
+    garbled = dht_pb2.PingRequest(peer=dht_pb2.NodeInfo())
+    garbled.auth.client_access_token.CopyFrom(ada_token)
+    garbled.auth.client_access_token.public_key = b"not a key"
+    assert not asyncio.run(bob_side.is_request_from(garbled, peer_id(ada)))
+    denied.add("ada")  # removed: her valid token on her own connection is refused from the next request on
+    bob_side.denied = swarm_access.DenyList(lambda: denied, 3600)
+    assert not asyncio.run(bob_side.is_request_from(request, peer_id(ada)))
 
 
 def test_a_remembered_token_stops_working_when_it_expires():
