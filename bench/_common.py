@@ -307,6 +307,15 @@ def experiment_config(
     }
 
 
+def bare_loop_config(experiment: dict[str, Any]) -> dict[str, Any]:
+    """The bare loop's options (``_worker.py`` mode ``bare``) for the workload of an :func:`experiment_config`."""
+    return {
+        "hidden_size": experiment["task_params"]["hidden_size"],
+        "batch_size": experiment["task_params"]["batch_size"],
+        "learning_rate": experiment["learning_rate"],
+    }
+
+
 def join_json(peer: SwarmPeer, worker_id: str, identity: Path, experiment: dict[str, Any]) -> str:
     """What the server's join answers (as JSON) for the key at ``identity``, for an experiment as
     :func:`experiment_config` describes it: the tests' ``make_join`` (tests/swarm_processes.py)."""

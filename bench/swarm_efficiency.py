@@ -157,12 +157,7 @@ def side_by_side_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
 def machine_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
     """Bare loops of the workload (no swarm): one alone, then two at once. What two single-thread trainers get of
     this machine at once, against one at a time: the most that the one-at-a-time efficiency can reach here."""
-    exp = experiment(mode)
-    config = {
-        "hidden_size": exp["task_params"]["hidden_size"],
-        "batch_size": exp["task_params"]["batch_size"],
-        "learning_rate": exp["learning_rate"],
-    }
+    config = c.bare_loop_config(experiment(mode))
 
     def measure(names: str) -> list[float]:
         loops = [h.worker(f"r{r}-bare-{n}", "bare", {**config, "data_seed": i}) for i, n in enumerate(names)]
@@ -185,9 +180,7 @@ def plain_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
     config = {
         "initial_peers": maddrs,
         "run_id": f"plain-{uuid.uuid4().hex[:8]}",
-        "hidden_size": exp["task_params"]["hidden_size"],
-        "batch_size": exp["task_params"]["batch_size"],
-        "learning_rate": exp["learning_rate"],
+        **c.bare_loop_config(exp),
         "target_batch_size": exp["target_batch_size"],
         "matchmaking_time": exp["matchmaking_time"],
         "averaging_timeout": exp["averaging_timeout"],

@@ -121,13 +121,7 @@ def swarmhub_round(
 
 def bare_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
     exp = c.experiment_config(target_batch_size=TARGET_BATCH_SIZE)
-    config = {
-        "hidden_size": exp["task_params"]["hidden_size"],
-        "batch_size": exp["task_params"]["batch_size"],
-        "learning_rate": exp["learning_rate"],
-        "data_seed": r,
-    }
-    worker = h.worker(f"r{r}-bare", "bare", config)
+    worker = h.worker(f"r{r}-bare", "bare", {**c.bare_loop_config(exp), "data_seed": r})
     t0 = c.wait_progress([worker], 120) + mode.warmup
     c.sleep_until(t0)
     cpu0 = c.cpu_seconds([worker])

@@ -244,19 +244,24 @@ def join_rewriting_proxy(upstream: str, rewrite):
 def test_join_refuses_a_clock_far_off_the_servers(settings, tmp_path, shift, direction):
     """Swarm tokens and records expire by each peer's clock: `join` stops at 30 s off, before the swarm."""
     app, _ = hosted_elsewhere(settings, "clock-run")  # no peer is dialed before the clock check anyway
-    with LiveServer(app) as server, LiveServer(clock_shifting_proxy(server.url, shift)) as proxy:
+    result = join_through_proxy(app, "clock-run", lambda url: clock_shifting_proxy(url, shift), tmp_path)
+    assert result.exit_code == 7, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    skew = re.search(rf"This machine's clock is (\d+) s {direction} the server's", result.output)
+    assert skew and 115 <= int(skew.group(1)) <= 125, result.output
+    assert "sudo timedatectl set-ntp true" in result.output
+
+
+def join_through_proxy(app, slug: str, proxy_for, tmp_path):
+    """`swarmhub join SLUG` (the real CLI) through ``proxy_for(the app's URL)``, with a token of the app's own."""
+    with LiveServer(app) as server, LiveServer(proxy_for(server.url)) as proxy:
         env = {
             "SWARMHUB_CONFIG_DIR": str(tmp_path / "config"),
             "SWARMHUB_STATE_DIR": str(tmp_path / "state"),
             "SWARMHUB_SERVER": proxy.url,
             "SWARMHUB_TOKEN": token_for(server.url),
         }
-        result = run(["join", "clock-run"], env)
-    assert result.exit_code == 7, result.output
-    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
-    skew = re.search(rf"This machine's clock is (\d+) s {direction} the server's", result.output)
-    assert skew and 115 <= int(skew.group(1)) <= 125, result.output
-    assert "sudo timedatectl set-ntp true" in result.output
+        return run(["join", slug], env)
 
 
 def hosted_elsewhere(settings, slug: str):
@@ -291,14 +296,7 @@ def test_join_refuses_a_hub_whose_swarm_speaks_another_protocol(settings, tmp_pa
         else:
             answer["swarm_protocol"] = hub_speaks
 
-    with LiveServer(app) as server, LiveServer(join_rewriting_proxy(server.url, speak)) as proxy:
-        env = {
-            "SWARMHUB_CONFIG_DIR": str(tmp_path / "config"),
-            "SWARMHUB_STATE_DIR": str(tmp_path / "state"),
-            "SWARMHUB_SERVER": proxy.url,
-            "SWARMHUB_TOKEN": token_for(server.url),
-        }
-        result = run(["join", "protocol-run"], env)
+    result = join_through_proxy(app, "protocol-run", lambda url: join_rewriting_proxy(url, speak), tmp_path)
     assert result.exit_code == 1, result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
     speaks = 1 if hub_speaks is None else hub_speaks

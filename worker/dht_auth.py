@@ -1,9 +1,10 @@
 """DHT requests authenticated by the connection they travel on, not by a signature each.
 
 hivemind's token protocol (``TokenAuthorizerBase``) signs every DHT request and every answer with the sender's
-RSA-2048 key and verifies both ends: two RSA signatures a request, 1.25 ms each on a slow 2-core machine, and a
-swarm's peers send several requests a second to each other (lookups, progress records, the roster). On a
-volunteer's CPU and on the server's monitor peer that was most of what hivemind's helper processes cost.
+RSA-2048 key and verifies both ends: two RSA signatures a request (0.26 ms each on a fast 2-core machine, 1.25 ms
+on a slow one), and a swarm's peers send several requests a second to each other (lookups, progress records, the
+roster). Measured in ``bench/worker_overhead.py``, that was about a tenth of the CPU of a worker's helper processes
+and of the server's monitor peer (docs/benchmarks.md, section 3).
 
 The signature proves that the sender holds the key its access token binds. libp2p already proves the same thing
 once per connection: every stream between two peers runs over a TLS 1.3 channel whose handshake is signed by each
@@ -47,9 +48,8 @@ class PeerIds:
         self._known: dict[bytes, bytes | None] = {}
 
     def of(self, public_key: bytes) -> bytes | None:
-        known = self._known.get(public_key, b"")
-        if known != b"":
-            return known
+        if public_key in self._known:
+            return self._known[public_key]
         try:
             peer_id: bytes | None = PeerID.from_base58(peer_id_for_public_key(public_key)).to_bytes()
         except Exception:  # noqa: BLE001 - anything a caller sends that does not parse as an RSA key binds no peer

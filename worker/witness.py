@@ -57,7 +57,7 @@ def install() -> None:
 def make_recording_tracker_class() -> type:
     """hivemind's own progress tracker, which also keeps the records of its last read of the swarm's progress: the
     server's witness states its epoch from them (``Witness.swarm_epoch``) instead of reading the same key
-    again, a lookup that every other peer would answer with a signature."""
+    again, a lookup that every other peer would answer."""
     from hivemind.optim.progress_tracker import ProgressTracker
 
     class RecordingProgressTracker(ProgressTracker):  # type: ignore[misc, valid-type]

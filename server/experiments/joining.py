@@ -88,11 +88,14 @@ def _version(text: str) -> tuple[int, ...] | None:
     return tuple(int(number) for number in found.group().split(".")) if found else None
 
 
+_MIN_VERSION = tuple(int(number) for number in MIN_WORKER_VERSION.split("."))
+
+
 def check_worker_version(client_version: str) -> None:
     """Refuse (426) a swarmhub worker too old to speak the swarm's protocol: its peer could not talk to any other.
     A client that names no version (a script of the API's own) is not a worker of ours, and is let through."""
     version = _version(client_version)
-    if version is not None and version < _version(MIN_WORKER_VERSION):  # type: ignore[operator]
+    if version is not None and version < _MIN_VERSION:
         raise UpgradeRequired(
             f"swarmhub {client_version} cannot join this swarm (its peers need {MIN_WORKER_VERSION} or later): "
             "upgrade with `pip install -U swarmhub`, then join again",
