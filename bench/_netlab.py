@@ -393,10 +393,19 @@ def run_allreduce(cfg: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     trace_hivemind()
-    if cfg["swarmhub_split"]:  # as train() does
+    extra = {}
+    if cfg["swarmhub_split"]:  # as train() does: the split with a floor, the swarm's part size
         from swarmhub.worker import load_balancing
 
         load_balancing.install()
+        extra["part_size_bytes"] = load_balancing.part_size_bytes(cfg["size"])
+    if cfg.get("as_trainer"):  # swarmhub's guarded all-reduce and hivemind.Optimizer's chunk timeouts, as train()
+        import hivemind.averaging.averager as averager_module
+
+        from swarmhub.worker import robust
+
+        averager_module.AllReduceRunner = robust.make_runner_class()
+        extra["next_chunk_timeout"] = cfg["matchmaking_time"]
     dht = hivemind.DHT(
         initial_peers=cfg["initial_peers"], host_maddrs=[cfg["listen"]], client_mode=cfg["client_mode"], start=True
     )
@@ -411,6 +420,7 @@ def run_allreduce(cfg: dict[str, Any]) -> None:
         client_mode=cfg["client_mode"],
         auxiliary=cfg["auxiliary"],
         start=True,
+        **extra,
     )
     _emit({"event": "ready"})
     go = Path(cfg["go"])

@@ -565,9 +565,13 @@ ALLREDUCE_CONFIGS: dict[str, dict[str, tuple[str | None, bool, bool]]] = {
 # every reachable peer at least 1 %), except this one, which shows hivemind's own split for comparison.
 HIVEMIND_SPLIT = "adaptive, hivemind's own split (slow peers may get 0)"
 ALLREDUCE_CONFIGS[HIVEMIND_SPLIT] = ALLREDUCE_CONFIGS["adaptive: bandwidth + client mode + aux"]
+# The adaptive set-up as train() runs its gradient rounds: swarmhub's guarded all-reduce (robust.py) and
+# hivemind.Optimizer's chunk timeouts (a sender that sends nothing for matchmaking_time is left out).
+AS_TRAINER = "adaptive, as train() averages (guarded all-reduce, chunk timeouts)"
+ALLREDUCE_CONFIGS[AS_TRAINER] = ALLREDUCE_CONFIGS["adaptive: bandwidth + client mode + aux"]
 
 
-def allreduce_comparison(h: c.Harness, lab: net.Lab, rounds: int, period: float) -> None:
+def allreduce_comparison(h: c.Harness, lab: net.Lab, rounds: int, period: float, only: str | None = None) -> None:
     """The same links and peers, no training: plain hivemind all-reduce rounds of a vector as large as the model's
     gradients, every peer in every round, one configuration of swarmhub's adaptations at a time."""
     argv = lab.exec_argv(lab.switch, [sys.executable, NETLAB, "dht", net.SWITCH_IP, str(PEER_PORT - 1)])
@@ -576,13 +580,16 @@ def allreduce_comparison(h: c.Harness, lab: net.Lab, rounds: int, period: float)
     size = 64 * c.HIDDEN_SIZE + c.HIDDEN_SIZE + c.HIDDEN_SIZE * 10 + 10
     rows = []
     for n, (name, config) in enumerate(ALLREDUCE_CONFIGS.items()):
+        if only is not None and only not in name:
+            continue
         with c.phase(f"all-reduce only: {name}"):
             go = h.tmp / f"allreduce-{n}.go"
             procs = {}
             for role, (bandwidth, client_mode, auxiliary) in config.items():
                 link = lab.link(role)
                 cfg = {"initial_peers": initial_peers, "listen": f"/ip4/{link.ip}/tcp/0", "size": size,
-                       "prefix": f"allreduce{n}", "bandwidth": link.mbit if bandwidth else None,
+                       "prefix": f"allreduce{n}" + ("_grad_averager" if name == AS_TRAINER else ""),
+                       "as_trainer": name == AS_TRAINER, "bandwidth": link.mbit if bandwidth else None,
                        "client_mode": client_mode, "auxiliary": auxiliary, "matchmaking_time": 3.0,
                        "rounds": rounds, "period": period, "go": str(go),
                        "swarmhub_split": name != HIVEMIND_SPLIT}  # fmt: skip
@@ -650,6 +657,11 @@ def main() -> int:
         action="store_true",
         help="instead: time plain hivemind all-reduce rounds (no training) under each of swarmhub's adaptations",
     )
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="with --allreduce: only the configurations whose name contains this text (e.g. 'adaptive')",
+    )
     args = parser.parse_args()
     global WITH_AUX, TRAINERS, VARIANTS
     WITH_AUX = not args.no_aux and not args.compare_overlap
@@ -688,7 +700,7 @@ def main() -> int:
             if lab.stale_removed:
                 print(f"removed namespaces a crashed run left behind: {lab.stale_removed}")
             if args.allreduce:
-                allreduce_comparison(h, lab, rounds=6 if args.quick else 8, period=10.0)
+                allreduce_comparison(h, lab, rounds=6 if args.quick else 8, period=10.0, only=args.only)
             url = "" if args.allreduce else start_probe_server(h, lab)
             for run in range(0 if args.allreduce else mode.runs):
                 order = VARIANTS if run % 2 == 0 else VARIANTS[::-1]

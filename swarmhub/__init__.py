@@ -10,4 +10,4 @@ The distribution has two halves, mapped from the repository's folders:
 ``swarmhub.web`` holds templates and static assets; ``swarmhub.migrations`` the Alembic scripts.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -23,6 +23,7 @@ from swarmhub.server.models import SwarmPeerKey, User, utcnow
 from swarmhub.server.services import services
 from swarmhub.worker import swarm_tokens
 from swarmhub.worker.cli import main
+from swarmhub.worker.protocol import SWARM_PROTOCOL
 
 from .conftest import PASSWORD, LiveServer, csrf_from, make_experiment, make_user
 from .support import token_for
@@ -282,7 +283,8 @@ def hosted_elsewhere(settings, slug: str):
     ("hub_speaks", "fix"),
     [
         (None, "the hub runs an earlier swarmhub: ask its operator to upgrade the server"),
-        (3, "upgrade with `pip install -U swarmhub`, then join again"),
+        (SWARM_PROTOCOL - 1, "the hub runs an earlier swarmhub: ask its operator to upgrade the server"),
+        (SWARM_PROTOCOL + 1, "upgrade with `pip install -U swarmhub`, then join again"),
     ],
 )
 def test_join_refuses_a_hub_whose_swarm_speaks_another_protocol(settings, tmp_path, hub_speaks, fix):
@@ -300,19 +302,20 @@ def test_join_refuses_a_hub_whose_swarm_speaks_another_protocol(settings, tmp_pa
     assert result.exit_code == 1, result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
     speaks = 1 if hub_speaks is None else hub_speaks
-    assert f"speaks protocol {speaks} and this swarmhub 2: {fix}" in result.output
+    assert f"speaks protocol {speaks} and this swarmhub {SWARM_PROTOCOL}: {fix}" in result.output
 
 
 def test_the_server_refuses_a_worker_too_old_for_its_swarm_and_admits_nothing(settings):
-    """A 0.1.0 worker signs its DHT requests and refuses unsigned answers: it could not talk to any peer of this
-    swarm. Its join (what it sends: a version and a key) gets a 426 naming the field, and no key is admitted."""
+    """A 0.2.0 worker cuts the vectors it averages into hivemind's 512 KiB parts: every round it joined would fail
+    (0.1.0 ones sign their DHT requests and refuse unsigned answers). Its join (what it sends: a version and a key)
+    gets a 426 naming the field, and no key is admitted."""
     app, db = hosted_elsewhere(settings, "old-worker-run")
     key = swarm_tokens.SigningKey.generate().get_public_key().to_bytes().decode()
     with LiveServer(app) as server:
         headers = {"Authorization": f"Bearer {token_for(server.url)}"}
         old = httpx.post(
             f"{server.url}/api/experiments/old-worker-run/join",
-            json={"client_version": "0.1.0", "peer_public_key": key, "device": "cpu"},
+            json={"client_version": "0.2.0", "peer_public_key": key, "device": "cpu"},
             headers=headers,
         )
         with db() as session:
@@ -324,8 +327,8 @@ def test_the_server_refuses_a_worker_too_old_for_its_swarm_and_admits_nothing(se
         )
     assert old.status_code == 426, old.text
     assert old.json()["field"] == "client_version"
-    assert "swarmhub 0.1.0 cannot join this swarm" in old.json()["detail"]
+    assert "swarmhub 0.2.0 cannot join this swarm" in old.json()["detail"]
     assert "pip install -U swarmhub" in old.json()["detail"]
     assert admitted == 0
     assert current.status_code == 200, current.text  # the control: the same join from this version
-    assert current.json()["swarm_protocol"] == 2
+    assert current.json()["swarm_protocol"] == SWARM_PROTOCOL == 3

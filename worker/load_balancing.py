@@ -21,9 +21,19 @@ different split cannot average together; the swarm's access tokens already admit
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 # Every peer that can reduce gets at least this fraction of the vector (at most an even split).
 MIN_SHARE = 0.01
+# hivemind cuts each tensor into parts of at most ``part_size_bytes`` (512 KiB by default) and gives every part
+# whole to the peer whose share holds most of it, so the split a group computes is only as fine as its parts. A
+# 1.2 MiB vector is 5 parts at the default size: a share of 1 % gets nothing, and of four equal shares one got
+# nothing and another 15 % (bench/heterogeneous_network.md). :func:`part_size_bytes` cuts a vector into at least
+# PARTS_PER_VECTOR parts (the 1 % floor is 2.5 of them), at most hivemind's 512 KiB and at least MIN_PART_BYTES
+# each: a message per part costs a little, so the parts stay as large as the split allows.
+PARTS_PER_VECTOR = 256
+MAX_PART_BYTES = 2**19
+MIN_PART_BYTES = 4096
 
 
 def balanced_parts(vector_size: int, bandwidths: Sequence[float | None], min_size: int = 0) -> tuple[int, ...]:
@@ -59,3 +69,19 @@ def install() -> None:
 
     if averager.load_balance_peers is not balanced_parts:
         averager.load_balance_peers = balanced_parts
+
+
+def part_size_bytes(values: int, bytes_per_value: int = 4) -> int:
+    """The part size of a swarm's averaging rounds for a vector of ``values`` (fp32: 4 bytes each). Every peer of a
+    group must cut the vector the same way (a reducer expects the parts' shapes its own cut gives): it is a function
+    of the model, which every peer of a swarm builds from the same config."""
+    return max(MIN_PART_BYTES, min(MAX_PART_BYTES, values * bytes_per_value // PARTS_PER_VECTOR))
+
+
+def averager_options(values: int, bandwidth: float | None) -> dict[str, Any]:
+    """Options for both of a peer's averagers (gradients and state): the swarm's part size, and the measured
+    bandwidth (Mbit/s) that the split gives faster peers more to reduce by; no bandwidth, an even split."""
+    options: dict[str, Any] = {"part_size_bytes": part_size_bytes(values)}
+    if bandwidth is not None:
+        options["bandwidth"] = bandwidth
+    return options

@@ -14,12 +14,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
-# The swarm's own protocol between peers: 2 authenticates DHT requests by their libp2p connection
-# (``swarmhub.worker.dht_auth``); 1 signed each one (hivemind's token protocol). Peers of different protocols cannot
-# talk: the server refuses a join from a worker older than MIN_WORKER_VERSION, and a worker refuses a hub whose
-# join answer names another protocol (a hub older than the field names none: 1).
-SWARM_PROTOCOL = 2
-MIN_WORKER_VERSION = "0.2.0"  # the first worker version that speaks SWARM_PROTOCOL 2
+# The swarm's own protocol between peers: 3 cuts the vectors it averages into the parts
+# ``load_balancing.part_size_bytes`` gives (a reducer expects the parts its own cut makes: peers that cut otherwise
+# fail every round together); 2 authenticates DHT requests by their libp2p connection (``swarmhub.worker.dht_auth``);
+# 1 signed each one (hivemind's token protocol). Peers of different protocols cannot average or talk: the server
+# refuses a join from a worker older than MIN_WORKER_VERSION, and a worker refuses a hub whose join answer names
+# another protocol (a hub older than the field names none: 1).
+SWARM_PROTOCOL = 3
+MIN_WORKER_VERSION = "0.3.0"  # the first worker version that speaks SWARM_PROTOCOL 3
 SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{1,48}[a-z0-9])$")
 MAX_REPORT_BYTES = 4096  # one metric message on the websocket; anything larger is refused
 
