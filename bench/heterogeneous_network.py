@@ -31,7 +31,7 @@ isolates communication: compute and the matchmaking lead time that hivemind sche
 out, and the time a trainer waits for slower trainers to finish computing is out too (those depend on the CPU, not
 on the network), while the all-reduce itself, waiting for slow links, retries and failures are in. The groups are
 read from hivemind's own debug lines (which peers a leader assembled, when each all-reduce ended). Median over the
-rounds of a window (12 trainer rounds, at most 25 s) per run; median and min..max over 3 runs per variant, which
+rounds of a window (16 trainer rounds, at most 50 s) per run; median and min..max over 3 runs per variant, which
 alternate (adaptive first in odd runs). Also printed: averaged gradients per minute end to end, group sizes,
 rounds not fully averaged (failed, or "received N% results": the parts an unreachable peer was to reduce were
 lost), state downloads, each link's round time and the MB it carried per round (tc counters).
@@ -100,11 +100,13 @@ class Mode:
     batch_size: int = 256
 
 
-# full: 5 s of compute an epoch (then the round), longer than matchmaking_time (3 s): with shorter epochs hivemind
-# pre-schedules each round for 3 s after the previous one, peers reach their epoch's end at different moments in
-# that wait, and the groups split (measured: a quarter of this batch gave groups of 3 and 4 out of 5, and rounds
-# that waited out a timeout for a reducer that was in another group); at most ~80 s a run
-FULL = Mode("full", runs=3, max_warmup=12, rounds=12, max_window=25, epoch_seconds=5.0)
+# full: the 4 trainers' batch is what the bare loop computes in 2.5 s x 4 (on 2 cores an epoch takes 6 to 8 s, then
+# the round), longer than matchmaking_time (3 s): with shorter epochs hivemind pre-schedules each round for 3 s after
+# the previous one, peers reach their epoch's end at different moments in that wait, and the groups split (measured:
+# epochs of 0.3 s of compute gave groups of 3 and 4 out of 5, and rounds that waited out a timeout for a reducer
+# that was in another group). Twice that batch (epochs of 15 s, 2026-12-05) left one round per trainer in a 25 s
+# window: a run's median was one round. 16 trainer rounds (four each) or 50 s; at most ~110 s a run
+FULL = Mode("full", runs=3, max_warmup=15, rounds=16, max_window=50, epoch_seconds=2.5)
 # quick: a smoke run (one short run of each variant; a smaller model, so that peers start quicker)
 QUICK = Mode("quick", runs=1, max_warmup=0, rounds=4, max_window=10, epoch_seconds=1.5, hidden_size=1024)
 
