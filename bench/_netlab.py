@@ -394,11 +394,10 @@ def run_allreduce(cfg: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     trace_hivemind()
     extra = {}
-    if cfg["swarmhub_split"]:  # as train() does: the split with a floor, the swarm's part size
+    if cfg["swarmhub_split"]:  # as train() does: the split with a floor, cut where each share ends
         from swarmhub.worker import load_balancing
 
         load_balancing.install()
-        extra["part_size_bytes"] = load_balancing.part_size_bytes(cfg["size"])
     if cfg.get("as_trainer"):  # swarmhub's guarded all-reduce and hivemind.Optimizer's chunk timeouts, as train()
         import hivemind.averaging.averager as averager_module
 

@@ -47,47 +47,56 @@ DIGITS_WIDEST = [(4096, 64), (4096,), (10, 4096), (10,)]  # the tensors of VECTO
 MEASURED = [92.0, 9.6, 9.6, 0.0, 94.5]  # join's measurements in bench/heterogeneous_network.py
 
 
-def parts_by_peer(shapes: list[tuple[int, ...]], bandwidths: list[float], part_size: int) -> list[int]:
-    """How many values of the vector each peer of the group reduces: hivemind's cut of the tensors into parts,
-    each part given whole to one peer (what every peer of a round computes)."""
+def parts_by_peer(bandwidths: list[float | None], container: type | None = None) -> list[list[int]]:
+    """The sizes of the parts each peer of a group reduces, as every peer of a round computes them (``container``:
+    hivemind's own when None)."""
     from hivemind.averaging.partition import TensorPartContainer
 
-    size = sum(torch.Size(shape).numel() for shape in shapes)
-    container = TensorPartContainer(
-        [torch.zeros(shape) for shape in shapes], balanced_parts(size, bandwidths), part_size_bytes=part_size
-    )
-    return [sum(part.numel() for part, _ in parts) for parts in container._input_parts_by_peer]
+    tensors = [torch.zeros(shape) for shape in DIGITS_WIDEST]
+    made = (container or TensorPartContainer)(tensors, balanced_parts(VECTOR, bandwidths))
+    return [[part.numel() for part, _ in parts] for parts in made._input_parts_by_peer]
 
 
-def test_the_swarm_s_part_size_keeps_the_split_a_group_computes() -> None:
-    shares = balanced_parts(VECTOR, MEASURED)
-    reduced = parts_by_peer(DIGITS_WIDEST, MEASURED, load_balancing.part_size_bytes(VECTOR))
-    assert sum(reduced) == VECTOR and reduced[3] == 0
-    for peer in (0, 1, 2, 4):
-        assert reduced[peer] > 0  # every reachable peer reduces, the slow ones too
-        assert abs(reduced[peer] - shares[peer]) <= 2 * VECTOR / load_balancing.PARTS_PER_VECTOR
-    # hivemind's 512 KiB parts: the vector is 5 parts, and the slow peers' shares get none of them
-    coarse = parts_by_peer(DIGITS_WIDEST, MEASURED, 2**19)
-    assert coarse[1] == coarse[2] == 0
-    # and with no bandwidth at all, four equal shares came out as 43 %, 0, 43 % and 15 %
-    even = parts_by_peer(DIGITS_WIDEST, [None, None, None, None], 2**19)  # type: ignore[list-item]
-    assert 0 in even
-    fine = parts_by_peer(DIGITS_WIDEST, [None, None, None, None], load_balancing.part_size_bytes(VECTOR))  # type: ignore[list-item]
-    assert all(abs(n - VECTOR / 4) <= VECTOR / load_balancing.PARTS_PER_VECTOR for n in fine)
+@pytest.mark.parametrize("bandwidths", [MEASURED, [None, None, None, None], [100.0, 1.0], [7.0], [0.0, 5.0, 5.0]])
+def test_each_peer_reduces_exactly_its_share(bandwidths: list[float | None]) -> None:
+    shares = balanced_parts(VECTOR, bandwidths)
+    cut = parts_by_peer(bandwidths, load_balancing.make_container_class())
+    assert [sum(sizes) for sizes in cut] == list(shares)
+    assert all(size <= load_balancing.PART_SIZE_BYTES // 4 for sizes in cut for size in sizes)
+    # at most one part more per peer and per tensor than hivemind's cut of the same vector
+    assert sum(map(len, cut)) <= sum(map(len, parts_by_peer(bandwidths))) + len(bandwidths) + len(DIGITS_WIDEST)
 
 
-@pytest.mark.parametrize("values", [10, 19_210, VECTOR, 11_000_000, 300_000_000])
-def test_the_part_size_is_bounded_and_depends_on_the_vector_only(values: int) -> None:
-    size = load_balancing.part_size_bytes(values)
-    assert load_balancing.MIN_PART_BYTES <= size <= 2**19
-    if load_balancing.MIN_PART_BYTES < size < 2**19:
-        assert values * 4 // size == load_balancing.PARTS_PER_VECTOR
-    assert load_balancing.averager_options(values, None) == {"part_size_bytes": size}
-    assert load_balancing.averager_options(values, 12.5) == {"part_size_bytes": size, "bandwidth": 12.5}
+def test_hivemind_s_whole_parts_leave_reachable_peers_without_a_share() -> None:
+    """What the cut fixes: 5 parts of at most 512 KiB, each handed whole to one peer."""
+    coarse = [sum(sizes) for sizes in parts_by_peer(MEASURED)]
+    assert coarse[1] == coarse[2] == 0  # the slow peers' 1 % shares get nothing
+    even = [sum(sizes) for sizes in parts_by_peer([None, None, None, None])]
+    assert 0 in even and max(even) > VECTOR * 0.4  # four "equal" shares
+
+
+def test_the_cut_puts_the_averaged_tensors_back_together() -> None:
+    """Through hivemind's own reassembly: every part comes back as its sender's own (return_deltas=False), and
+    the tensors that come out are the tensors that went in, a tensor split between peers included."""
+    import asyncio
+
+    tensors = [torch.randn(shape) for shape in DIGITS_WIDEST + [(0,), (3,)]]
+    size = sum(t.numel() for t in tensors)
+    container = load_balancing.make_container_class()(tensors, balanced_parts(size, MEASURED), return_deltas=False)
+    for peer, parts in enumerate(container._input_parts_by_peer):
+        for index, (part, _) in enumerate(parts):
+            container.register_processed_part(peer, index, part.clone())
+
+    async def collect() -> list[torch.Tensor]:
+        return [tensor async for tensor in container.iterate_output_tensors()]
+
+    out = asyncio.run(collect())
+    assert len(out) == len(tensors)
+    assert all(torch.equal(a, b) for a, b in zip(out, tensors, strict=True))
 
 
 @pytest.mark.swarm
-def test_the_gradient_averager_gets_the_bandwidth_and_the_part_size() -> None:
+def test_the_gradient_averager_gets_the_measured_bandwidth() -> None:
     """hivemind 1.1.12 gives ``averager_opts`` to the state averager only; the gradient rounds carry the traffic."""
     import hivemind
 
@@ -95,24 +104,21 @@ def test_the_gradient_averager_gets_the_bandwidth_and_the_part_size() -> None:
 
     dht = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
     model = torch.nn.Linear(64, 10)
-    options = load_balancing.averager_options(sum(p.numel() for p in model.parameters()), 9.5)
     opt = None
     try:
         opt = SwarmOptimizer(
             dht=dht,
-            run_id="part-size-test",
+            run_id="bandwidth-test",
             params=model.parameters(),
             optimizer=torch.optim.SGD,
             batch_size_per_step=8,
             target_batch_size=64,
             matchmaking_time=0.5,
             averaging_timeout=5.0,
-            averager_opts=options,
+            averager_opts={"bandwidth": 9.5},
             verbose=False,
         )
-        for averager in (opt.grad_averager, opt.state_averager):
-            assert averager.bandwidth == 9.5
-            assert averager.allreduce_kwargs["part_size_bytes"] == options["part_size_bytes"]
+        assert opt.grad_averager.bandwidth == opt.state_averager.bandwidth == 9.5
     finally:
         if opt is not None:
             opt.shutdown()

@@ -12,10 +12,12 @@ bandwidth at all).
 
 :func:`balanced_parts` keeps hivemind's split and then gives every peer that can reduce (bandwidth not 0) at least
 ``MIN_SHARE`` of the vector, taken from the largest parts. A slow peer then sends and receives at once and its
-round takes about V / b. Every peer of a group computes the split on its own from the same inputs, so every peer
-must use the same function: :func:`install` puts it in place of hivemind's in this process (and in the averager
-processes it forks), and ``train`` calls it before it builds the optimizer. Peers of swarmhub versions with a
-different split cannot average together; the swarm's access tokens already admit only swarmhub workers.
+round takes about V / b. The vector is then cut where each share ends (:func:`make_container_class`): hivemind
+hands out whole parts of up to 512 KiB, which left a 1 % share nothing. Every peer of a group computes the split
+and the cut on its own from the same inputs, so every peer must use the same functions: :func:`install` puts them in
+place of hivemind's in this process (and in the averager processes it forks), and ``train`` calls it before it
+builds the optimizer. Peers of swarmhub versions with a different split or cut cannot average together (swarm
+protocol 3, ``protocol.SWARM_PROTOCOL``); the swarm's access tokens already admit only swarmhub workers.
 """
 
 from __future__ import annotations
@@ -25,15 +27,8 @@ from typing import Any
 
 # Every peer that can reduce gets at least this fraction of the vector (at most an even split).
 MIN_SHARE = 0.01
-# hivemind cuts each tensor into parts of at most ``part_size_bytes`` (512 KiB by default) and gives every part
-# whole to the peer whose share holds most of it, so the split a group computes is only as fine as its parts. A
-# 1.2 MiB vector is 5 parts at the default size: a share of 1 % gets nothing, and of four equal shares one got
-# nothing and another 15 % (bench/heterogeneous_network.md). :func:`part_size_bytes` cuts a vector into at least
-# PARTS_PER_VECTOR parts (the 1 % floor is 2.5 of them), at most hivemind's 512 KiB and at least MIN_PART_BYTES
-# each: a message per part costs a little, so the parts stay as large as the split allows.
-PARTS_PER_VECTOR = 256
-MAX_PART_BYTES = 2**19
-MIN_PART_BYTES = 4096
+# Parts of at most hivemind's size (512 KiB of fp32): a message per part costs about half a millisecond of a round.
+PART_SIZE_BYTES = 2**19
 
 
 def balanced_parts(vector_size: int, bandwidths: Sequence[float | None], min_size: int = 0) -> tuple[int, ...]:
@@ -64,24 +59,81 @@ def balanced_parts(vector_size: int, bandwidths: Sequence[float | None], min_siz
 
 
 def install() -> None:
-    """Make hivemind's averagers (created after this call, here and in forked processes) use :func:`balanced_parts`."""
+    """Make hivemind's averagers (created after this call, here and in forked processes) split the vector with
+    :func:`balanced_parts` and cut it where each share ends (:func:`make_container_class`)."""
+    import hivemind.averaging.allreduce as allreduce
     import hivemind.averaging.averager as averager
 
     if averager.load_balance_peers is not balanced_parts:
         averager.load_balance_peers = balanced_parts
+    if not getattr(allreduce.TensorPartContainer, "__swarmhub__", False):
+        container = make_container_class()
+        container.__swarmhub__ = True  # type: ignore[attr-defined]
+        allreduce.TensorPartContainer = container
 
 
-def part_size_bytes(values: int, bytes_per_value: int = 4) -> int:
-    """The part size of a swarm's averaging rounds for a vector of ``values`` (fp32: 4 bytes each). Every peer of a
-    group must cut the vector the same way (a reducer expects the parts' shapes its own cut gives): it is a function
-    of the model, which every peer of a swarm builds from the same config."""
-    return max(MIN_PART_BYTES, min(MAX_PART_BYTES, values * bytes_per_value // PARTS_PER_VECTOR))
+def pivots(vector_size: int, peer_fractions: Sequence[float]) -> list[int]:
+    """Where each peer's share of the vector ends, as hivemind computes it from the split."""
+    import numpy as np
+
+    ends = (np.cumsum(peer_fractions) / np.sum(peer_fractions) * vector_size).astype(np.int64)
+    ends[-1] = vector_size
+    return [int(end) for end in ends]
 
 
-def averager_options(values: int, bandwidth: float | None) -> dict[str, Any]:
-    """Options for both of a peer's averagers (gradients and state): the swarm's part size, and the measured
-    bandwidth (Mbit/s) that the split gives faster peers more to reduce by; no bandwidth, an even split."""
-    options: dict[str, Any] = {"part_size_bytes": part_size_bytes(values)}
-    if bandwidth is not None:
-        options["bandwidth"] = bandwidth
-    return options
+def make_container_class() -> type:
+    from hivemind.averaging.partition import TensorPartContainer
+
+    class SharePartContainer(TensorPartContainer):  # type: ignore[misc, valid-type]
+        """hivemind's container, with the vector cut where each peer's share ends.
+
+        hivemind cuts each tensor into parts of ``part_size_bytes`` and hands every part whole to the peer whose
+        share holds most of it, so the split is only as fine as the parts: the digits MLP at its widest (1.2 MiB)
+        is 5 parts of at most 512 KiB, a share of 1 % gets none of them (that peer then sends its whole vector
+        before it receives any of the average), and four equal shares came out as 43 %, 0, 43 % and 15 %
+        (bench/heterogeneous_network.md). Here no part crosses the end of a share: each peer reduces exactly its
+        share, in parts of at most ``part_size_bytes``, and a group has at most one part more per peer and per
+        tensor than hivemind's. Parts stay in the vector's order, which is how hivemind puts the averaged tensors
+        back together."""
+
+        def __init__(
+            self,
+            tensors: Sequence[Any],
+            peer_fractions: Sequence[float],
+            compression: Any = None,
+            part_size_bytes: int = PART_SIZE_BYTES,
+            tensor_infos: Any = None,
+            **kwargs: Any,
+        ):
+            from collections import deque
+
+            from hivemind.compression import NoCompression
+
+            compression = compression if compression is not None else NoCompression()
+            super().__init__(tensors, peer_fractions, compression, part_size_bytes, tensor_infos, **kwargs)
+            ends = pivots(self.total_size, peer_fractions)
+            by_peer: list[deque[Any]] = [deque() for _ in range(self.group_size)]
+            parts_by_tensor = []
+            offset = peer = 0
+            for tensor, info in zip(self.local_tensors, self.tensor_infos, strict=True):
+                values_per_part = max(
+                    int(part_size_bytes / (tensor.element_size() * compression.estimate_compression_ratio(info))), 1
+                )
+                flat = tensor.detach().view(-1)
+                start = count = 0
+                while start < flat.numel() or (count == 0 and flat.numel() == 0):
+                    while peer < len(ends) - 1 and ends[peer] <= offset + start:
+                        peer += 1  # that share ended here (or was empty)
+                    end = min(flat.numel(), start + values_per_part, ends[peer] - offset)
+                    by_peer[peer].append((flat[start:end], info.get_part(count, values_per_part)))
+                    count += 1
+                    start = end
+                    if flat.numel() == 0:
+                        break
+                parts_by_tensor.append(count)
+                offset += flat.numel()
+            self._input_parts_by_peer = by_peer
+            self.num_parts_by_tensor = parts_by_tensor
+            self.num_parts_by_peer = tuple(len(parts) for parts in by_peer)
+
+    return SharePartContainer

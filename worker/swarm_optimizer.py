@@ -115,7 +115,7 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
     def __init__(self, *args: Any, roster: robust.Roster | None = None, **kwargs: Any):
         self._roster = roster
         # hivemind 1.1.12 gives ``averager_opts`` to the state averager only: the gradient rounds, which carry the
-        # traffic, would split the vector evenly whatever a peer's bandwidth, in parts of another size
+        # traffic, would split the vector evenly whatever a peer's bandwidth
         self._grad_averager_opts = dict(kwargs.get("averager_opts") or {})
         self._behind_since: float | None = None  # out of sync since, with no state at the swarm's epoch found
         super().__init__(*args, **kwargs)
@@ -141,7 +141,7 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
         """No peer downloads another's gradient accumulators (newcomers load the state averager's state), so the
         gradient averager does not offer them: hivemind would re-declare them in the DHT after every round and
         at every epoch, a signed store that each peer holding the key answers, for nothing. It gets the
-        ``averager_opts`` the state averager gets (bandwidth, part size)."""
+        ``averager_opts`` the state averager gets (the measured bandwidth)."""
         return super()._make_gradient_averager(factory, allow_state_sharing=False, **self._grad_averager_opts, **kwargs)
 
     def _make_progress_tracker(self, target_batch_size: int, **kwargs: Any) -> Any:

@@ -316,9 +316,9 @@ def train(
                     averaging_timeout=cfg.averaging_timeout,
                     client_mode=client_mode,
                     auxiliary=auxiliary,
-                    # The measured link speed (hivemind gives faster peers a larger part of the vector to reduce)
-                    # and the swarm's part size, for the gradient averager too (SwarmOptimizer).
-                    averager_opts=load_balancing.averager_options(parameters, bandwidth),
+                    # The measured link speed: hivemind gives faster peers a larger part of the vector to reduce
+                    # (SwarmOptimizer gives it to the gradient averager too).
+                    averager_opts={"bandwidth": bandwidth} if bandwidth is not None else None,
                     **overlap_options(overlap),
                     # An auxiliary peer reads the swarm's progress every fraction of a second, so that it looks
                     # for each round's group when the trainers do, even with epochs of a few seconds (for the
