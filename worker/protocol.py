@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
-# The swarm's own protocol between peers: 3 cuts the vectors it averages into the parts
-# ``load_balancing.part_size_bytes`` gives (a reducer expects the parts its own cut makes: peers that cut otherwise
+# The swarm's own protocol between peers: 3 cuts the vectors it averages where each peer's share ends
+# (``load_balancing.make_container_class``; a reducer expects the parts its own cut makes: peers that cut otherwise
 # fail every round together); 2 authenticates DHT requests by their libp2p connection (``swarmhub.worker.dht_auth``);
 # 1 signed each one (hivemind's token protocol). Peers of different protocols cannot average or talk: the server
 # refuses a join from a worker older than MIN_WORKER_VERSION, and a worker refuses a hub whose join answer names
