@@ -120,16 +120,18 @@ def make_container_class() -> type:
                     int(part_size_bytes / (tensor.element_size() * compression.estimate_compression_ratio(info))), 1
                 )
                 flat = tensor.detach().view(-1)
+                if flat.numel() == 0:  # one empty part, as hivemind's cut gives it
+                    by_peer[peer].append((flat, info.get_part(0, values_per_part)))
+                    parts_by_tensor.append(1)
+                    continue
                 start = count = 0
-                while start < flat.numel() or (count == 0 and flat.numel() == 0):
+                while start < flat.numel():
                     while peer < len(ends) - 1 and ends[peer] <= offset + start:
                         peer += 1  # that share ended here (or was empty)
                     end = min(flat.numel(), start + values_per_part, ends[peer] - offset)
                     by_peer[peer].append((flat[start:end], info.get_part(count, values_per_part)))
                     count += 1
                     start = end
-                    if flat.numel() == 0:
-                        break
                 parts_by_tensor.append(count)
                 offset += flat.numel()
             self._input_parts_by_peer = by_peer
