@@ -59,10 +59,12 @@ def parts_by_peer(bandwidths: list[float | None], container: type | None = None)
 
 @pytest.mark.parametrize("bandwidths", [MEASURED, [None, None, None, None], [100.0, 1.0], [7.0], [0.0, 5.0, 5.0]])
 def test_each_peer_reduces_exactly_its_share(bandwidths: list[float | None]) -> None:
+    from hivemind.averaging.partition import DEFAULT_PART_SIZE_BYTES
+
     shares = balanced_parts(VECTOR, bandwidths)
     cut = parts_by_peer(bandwidths, load_balancing.make_container_class())
     assert [sum(sizes) for sizes in cut] == list(shares)
-    assert all(size <= load_balancing.PART_SIZE_BYTES // 4 for sizes in cut for size in sizes)
+    assert all(size <= DEFAULT_PART_SIZE_BYTES // 4 for sizes in cut for size in sizes)
     # at most one part more per peer and per tensor than hivemind's cut of the same vector
     assert sum(map(len, cut)) <= sum(map(len, parts_by_peer(bandwidths))) + len(bandwidths) + len(DIGITS_WIDEST)
 

@@ -27,8 +27,6 @@ from typing import Any
 
 # Every peer that can reduce gets at least this fraction of the vector (at most an even split).
 MIN_SHARE = 0.01
-# Parts of at most hivemind's size (512 KiB of fp32): a message per part costs about half a millisecond of a round.
-PART_SIZE_BYTES = 2**19
 
 
 def balanced_parts(vector_size: int, bandwidths: Sequence[float | None], min_size: int = 0) -> tuple[int, ...]:
@@ -82,7 +80,10 @@ def pivots(vector_size: int, peer_fractions: Sequence[float]) -> list[int]:
 
 
 def make_container_class() -> type:
-    from hivemind.averaging.partition import TensorPartContainer
+    from collections import deque
+
+    from hivemind.averaging.partition import DEFAULT_PART_SIZE_BYTES, TensorPartContainer
+    from hivemind.compression import NoCompression
 
     class SharePartContainer(TensorPartContainer):  # type: ignore[misc, valid-type]
         """hivemind's container, with the vector cut where each peer's share ends.
@@ -100,16 +101,11 @@ def make_container_class() -> type:
             self,
             tensors: Sequence[Any],
             peer_fractions: Sequence[float],
-            compression: Any = None,
-            part_size_bytes: int = PART_SIZE_BYTES,
+            compression: Any = NoCompression(),  # noqa: B008 - hivemind's own default, never modified
+            part_size_bytes: int = DEFAULT_PART_SIZE_BYTES,
             tensor_infos: Any = None,
             **kwargs: Any,
         ):
-            from collections import deque
-
-            from hivemind.compression import NoCompression
-
-            compression = compression if compression is not None else NoCompression()
             super().__init__(tensors, peer_fractions, compression, part_size_bytes, tensor_infos, **kwargs)
             ends = pivots(self.total_size, peer_fractions)
             by_peer: list[deque[Any]] = [deque() for _ in range(self.group_size)]
