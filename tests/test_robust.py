@@ -263,10 +263,29 @@ def test_a_state_round_averages_peers_a_step_apart_instead_of_taking_one_side():
 
 def test_a_state_round_leaves_out_a_part_whose_norm_is_far_from_the_others():
     parts = [*honest(), honest(1, seed=1)[0] * 100]  # an attacker's parameters x100
-    result = reduce(parts, [1.0] * 4, "centered-clip", state_round=True)
+    result = reduce(parts, [1.0] * 4, "mean", state_round=True)
     assert torch.allclose(result, sum(parts[:3]) / 3, atol=1e-6)
+    robust_result = reduce(parts, [1.0] * 4, "centered-clip", state_round=True)
+    assert torch.equal(robust_result, torch.stack(parts[:3]).median(dim=0).values)
     two = reduce([parts[0], parts[3]], [1.0, 1.0], "mean", state_round=True)  # no majority: the smaller norm is kept
     assert torch.equal(two, parts[0])
+
+
+def test_a_state_round_under_centered_clip_gives_parameters_of_an_honest_norm_no_say():
+    """Three peers in step hold the same parameters; the fourth sends parameters of the same norm, elsewhere (as a
+    peer whose own optimizer stepped uphill would). The norm bound cannot tell it apart: under the mean every peer
+    takes a quarter of it at every epoch; under centered-clip the coordinate median leaves the honest parameters
+    as they are. Weights do not buy a say either."""
+    params = torch.linspace(-1.0, 1.0, 2000)
+    elsewhere = params.flip(0) * 0.9 + 0.05 * torch.randn(2000, generator=torch.Generator().manual_seed(3))
+    assert 0.9 < float(elsewhere.norm() / params.norm()) < 1.1
+    parts = [params.clone(), params.clone(), params.clone(), elsewhere]
+    mean = reduce(parts, [1.0] * 4, "mean", state_round=True)
+    assert torch.allclose(mean, (3 * params + elsewhere) / 4, atol=1e-6)
+    assert torch.equal(reduce(parts, [1.0, 1.0, 1.0, 50.0], "centered-clip", state_round=True), params)
+    # two senders have no majority: the mean of the two, as hivemind's
+    two = reduce([params, elsewhere], [1.0, 1.0], "centered-clip", state_round=True)
+    assert torch.allclose(two, (params + elsewhere) / 2, atol=1e-6)
 
 
 def test_the_swarm_s_epoch_has_one_vote_per_account():

@@ -42,6 +42,7 @@ import torch
 from . import peer_flags
 from .aggregation import (
     AGGREGATIONS,
+    ROBUST_STATE,
     STANDING_EARLY_PARTS,
     WEIGHT_FLAG_FACTOR,
     Standing,
@@ -206,6 +207,8 @@ def make_reducer_class() -> type:
                 if held.parts:
                     weights = capped_weights(held.weights, POLICY.max_weight)
                     aggregation = self.aggregation or POLICY.aggregation
+                    if aggregation == "state" and POLICY.aggregation == "centered-clip":
+                        aggregation = ROBUST_STATE
                     ids = [self._who(i) for i in held.senders]
                     standing = STANDING if aggregation == "centered-clip" else None
                     result = combine(held.parts, weights, aggregation, ids, standing)

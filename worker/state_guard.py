@@ -16,6 +16,8 @@ from .aggregation import STATE_NORM_JUMP
 from .swarm_epoch import Roster, bounded_progress
 
 logger = logging.getLogger(__name__)
+# Set by this peer's own state download, never by the source: the state came from the server's own peer.
+FROM_SERVER_PEER = "swarmhub_from_server_peer"
 
 
 def order_sources(
@@ -124,11 +126,14 @@ def install_state_guard() -> None:
                         continue
                     trusted = names.get(peer) == swarm_access.SERVER_PEER_USERNAME
                     why = check_state(tensors, None if trusted else reference)
+                    if why is None and not isinstance(metadata, dict):
+                        why = "state without its metadata"
                     if why is not None:
                         logger.warning("refused the state of %s: %s", peer, why)
                         robust.flag(peer, why)
                         continue
-                    future.set_result((metadata, tensors))
+                    # set here, over whatever the source sent: whether the loader may take its optimizer statistics
+                    future.set_result((dict(metadata, **{FROM_SERVER_PEER: trusted}), tensors))
                     return
                 except Exception as exc:
                     logger.warning("could not download the state of %s: %r", peer, exc)
@@ -138,3 +143,47 @@ def install_state_guard() -> None:
 
     load_state_from_peers.__swarmhub__ = True  # type: ignore[attr-defined]
     DecentralizedAverager._load_state_from_peers = load_state_from_peers
+    _keep_own_optimizer_statistics()
+
+
+def _keep_own_optimizer_statistics() -> None:
+    """Make ``TrainingStateAverager.load_state_from_peers`` (it runs in the training process) keep this peer's own
+    optimizer statistics when the state came from a volunteer's peer: the parameters, the epoch and the schedule are
+    taken, the statistics (Adam's moments and step counts) are put back as they were. A newcomer's are the ones its
+    optimizer was created with, as if it started training at the downloaded parameters.
+
+    The statistics cannot be checked against anything: a peer that trained on gradients x-1000 (alone, before
+    anyone joined, or whenever its rounds failed) holds second moments a million times an honest peer's, and every
+    peer that downloads them takes steps a thousand times too small, while its first moments keep pointing uphill
+    for dozens of steps (``tests/test_byzantine_swarm.py``, the x-1000 attacker who starts the experiment alone).
+    From the server's own peers (the checkpoint) everything is taken."""
+    from hivemind.averaging.averager import DecentralizedAverager
+    from hivemind.optim.state_averager import TrainingStateAverager, dump_optimizer_state, load_optimizer_state
+
+    if getattr(TrainingStateAverager.load_state_from_peers, "__swarmhub__", False):
+        return
+    download = DecentralizedAverager.load_state_from_peers
+    load = TrainingStateAverager.load_state_from_peers
+
+    def downloaded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        loaded = download(self, *args, **kwargs)
+        self.__dict__["_swarmhub_loaded_metadata"] = loaded[0] if loaded is not None else None
+        return loaded
+
+    def load_state_from_peers(self: Any, **kwargs: Any) -> Any:
+        with torch.no_grad(), self.lock_averaged_tensors:
+            metadata, tensors = dump_optimizer_state(self.optimizer)
+            own = (metadata, [tensor.clone() for tensor in tensors])
+        self.__dict__["_swarmhub_loaded_metadata"] = None
+        result = load(self, **kwargs)
+        loaded = self.__dict__.pop("_swarmhub_loaded_metadata", None)
+        if isinstance(loaded, dict) and not loaded.get(FROM_SERVER_PEER, False):
+            with torch.no_grad(), self.lock_averaged_tensors:
+                load_optimizer_state(self.optimizer, *own)
+            logger.info("kept this peer's own optimizer statistics (the state came from a volunteer's peer)")
+        return result
+
+    downloaded.__swarmhub__ = True  # type: ignore[attr-defined]
+    load_state_from_peers.__swarmhub__ = True  # type: ignore[attr-defined]
+    DecentralizedAverager.load_state_from_peers = downloaded
+    TrainingStateAverager.load_state_from_peers = load_state_from_peers
