@@ -4,9 +4,10 @@ The organizer picks one of the checkpoints whose files are still kept (the page'
 ``POST /api/experiments/{slug}/rollback``). The request is stored on the experiment (``restore_epoch``, and
 ``restore_seq`` counted up), and the reconcile loop writes it into the file the experiment's checkpoint peer reads
 (``SwarmHost.write_restore``). The checkpoint peer (``checkpoint_peer.Keeper.maybe_restore``) acts on each new
-request once: it loads that checkpoint's weights and optimizer statistics and shares them as the swarm's state ten
-epochs past the newest the swarm shows (a volunteer training alone moves an epoch every few seconds), and stores
-a progress record at that epoch for two minutes (hivemind publishes none for a peer without samples). Every peer's
+request once: it loads that checkpoint's weights (with the checkpoint peer's own optimizer statistics: it never
+takes a volunteer's) and shares them as the swarm's state ten epochs past the newest the swarm shows (a volunteer
+training alone moves an epoch every few seconds), and stores a progress record at that epoch for two minutes
+(hivemind publishes none for a peer without samples). Every peer's
 next read of the swarm's progress then finds itself behind a server peer, which peers follow past their epoch
 bound (``swarm_epoch.bounded_progress``) and download state from first (``state_guard.order_sources``): each loads
 the restored state. The peer saves it at once as a

@@ -28,7 +28,7 @@ from typing import Any
 import hivemind
 import torch
 from hivemind.averaging import DecentralizedAverager
-from hivemind.optim.state_averager import TrainingStateAverager
+from hivemind.optim.state_averager import TrainingStateAverager, dump_optimizer_state, load_optimizer_state
 
 from . import robust, witness
 from .swarm_epoch import UNBACKED_AFTER_SECONDS, UNBACKED_SECONDS
@@ -67,12 +67,34 @@ class SwarmStateAverager(TrainingStateAverager, _KeepsLoadedMetadata):  # type: 
         return {**metadata, "schedule_offset": self.schedule_offset}, tensors, infos
 
     def load_state_from_peers(self, **kwargs: Any) -> None:
+        """hivemind's, then the schedule offset taken from the state; the optimizer statistics (Adam's moments and
+        step counts) and settings stay this peer's own unless the state came from the server's own peer (the
+        checkpoint); the learning rate is the schedule's at the epoch taken.
+
+        A volunteer's statistics cannot be checked against anything: a peer that stepped its optimizer on its own
+        gradients x-1000 (alone, before anyone joined, or whenever its rounds failed) holds second moments a million
+        times an honest peer's and first moments pointing uphill. Every peer that took them took steps a thousand
+        times too small, uphill for dozens of epochs (``tests/test_byzantine_swarm.py``, the x-1000 attacker who
+        starts the experiment alone). A newcomer keeps the statistics its optimizer was created with, as if it
+        started training at the downloaded parameters. Whether the source was the server's peer is set by this
+        peer's own download (``state_guard.FROM_SERVER_PEER``), never by the source."""
+        from .state_guard import FROM_SERVER_PEER
+
         self.loaded_metadata = None
         epoch = self.local_epoch
+        with torch.no_grad(), self.lock_averaged_tensors:
+            layout, statistics = dump_optimizer_state(self.optimizer)
+            own = (layout, [tensor.clone() for tensor in statistics])
         super().load_state_from_peers(**kwargs)
         metadata = self.loaded_metadata
         if not isinstance(metadata, dict) or metadata.get("epoch") != self.local_epoch or self.local_epoch < epoch:
             return  # nothing loaded (hivemind refuses a state older than this peer's)
+        if metadata.get(FROM_SERVER_PEER) is not True:
+            with torch.no_grad(), self.lock_averaged_tensors:
+                load_optimizer_state(self.optimizer, *own)  # own settings too: a source's could say lr=1e6
+                if self.scheduler is not None:  # the rate of the epoch just taken, from this peer's own base rates
+                    for group, rate in zip(self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
+                        group["lr"] = rate
         if not self.take_schedule_offset(metadata.get("schedule_offset", 0)):
             logger.warning("ignored a state's schedule offset %.50r", metadata.get("schedule_offset"))
 
