@@ -2,7 +2,8 @@
 swarm's state: a peer that downloads the state takes the rate of the restored checkpoint's step, not of the epoch.
 
 Two real hivemind peers in this process (``SwarmOptimizer``, as workers run it): one holds a state at epoch 30 with
-an offset of 20; the other joins and downloads it."""
+an offset of 20; the other joins and downloads it. The same download takes a volunteer's parameters and epoch but
+not its optimizer statistics or settings."""
 
 from __future__ import annotations
 
@@ -117,6 +118,69 @@ def test_plain_hivemind_peers_and_swarmhub_peers_download_each_others_state():
         assert ours.local_epoch == 40  # and swarmhub's took hivemind's
     finally:
         for opt in (ours, plain):
+            if opt is not None:
+                opt.shutdown()
+        second.shutdown()
+        first.shutdown()
+
+
+def test_a_volunteer_s_state_brings_its_parameters_not_its_optimizer_statistics_or_settings():
+    """A holder's state with Adam's second moments x1e12 (a peer that stepped on its gradients x-1000 holds x1e6)
+    and a learning rate of 1e6 in its settings: the joiner takes the parameters and the epoch, keeps its own
+    statistics (those of a fresh optimizer) and settings, and its rate is its own schedule's at the epoch taken."""
+    import hivemind
+
+    first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+    second = hivemind.DHT(
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=[str(a) for a in first.get_visible_maddrs()], start=True
+    )
+    run_id = f"statistics-{abs(hash(first.peer_id.to_base58()))}"
+    holder = joiner = None
+
+    def adam_peer(dht) -> SwarmOptimizer:  # noqa: ANN001
+        model = torch.nn.Linear(4, 2)
+        return SwarmOptimizer(
+            dht=dht,
+            run_id=run_id,
+            params=model.parameters(),
+            optimizer=partial(torch.optim.Adam, lr=0.5),
+            scheduler=partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=schedule),
+            batch_size_per_step=8,
+            target_batch_size=64,
+            matchmaking_time=0.5,
+            averaging_timeout=5.0,
+            verbose=False,
+        )
+
+    try:
+        holder = adam_peer(first)
+        averager = holder.state_averager
+        with torch.no_grad():
+            for group in averager.optimizer.param_groups:
+                group["lr"] = 1e6
+                for param in group["params"]:
+                    param.fill_(0.25)
+                    averager.optimizer.state[param]["exp_avg_sq"].fill_(1e12)
+        averager.local_epoch = 12
+        averager.state_sharing_priority = 12
+
+        joiner = adam_peer(second)
+        optimizer = joiner.state_averager.optimizer
+        own = {k: v.clone() for k, v in optimizer.state[optimizer.param_groups[0]["params"][0]].items()}
+        for _ in range(10):  # the holder's priority reaches the DHT within a moment
+            joiner.state_averager.load_state_from_peers(timeout=10)
+            if joiner.local_epoch == 12:
+                break
+        assert joiner.local_epoch == 12
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        assert all(torch.equal(p, torch.full_like(p, 0.25)) for p in params)  # the parameters were taken
+        for param in params:
+            assert float(optimizer.state[param]["exp_avg_sq"].max()) < 1.0  # not the holder's
+        first_param = optimizer.state[optimizer.param_groups[0]["params"][0]]
+        assert all(torch.equal(first_param[k], v) for k, v in own.items())  # its own, as they were
+        assert rate(joiner) == pytest.approx(0.5 * schedule(12))  # its own schedule at the epoch taken, not 1e6
+    finally:
+        for opt in (holder, joiner):
             if opt is not None:
                 opt.shutdown()
         second.shutdown()

@@ -98,9 +98,10 @@ def restart_step_count(opt: Any) -> None:
     (``hivemind.optim.state_averager.initialize_optimizer_state_``). Adam's moments stay zero, but its step counter
     is then one ahead, and its bias correction shrinks the first real updates (x0.74, x0.86, x0.91, ... of plain
     Adam's): ``bench/convergence.py`` measured the swarm behind a single process for that reason. Every new peer
-    resets the counter here, before it trains or loads the swarm's state (which brings the swarm's counter along),
-    so a swarm follows the same trajectory as plain Adam over the global batch (AdamW too, except that the
-    start's one weight decay, a factor 1 - lr * weight_decay on every parameter, stays).
+    resets the counter here, before it trains or loads the swarm's state (which brings the server peer's counter
+    along; from a volunteer's peer this one is kept: ``SwarmStateAverager.load_state_from_peers``), so a swarm
+    follows the same trajectory as plain Adam over the global batch (AdamW too, except that the start's one weight
+    decay, a factor 1 - lr * weight_decay on every parameter, stays).
     """
     inner = opt.state_averager.optimizer
     for state in inner.state.values():
