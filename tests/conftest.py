@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -86,7 +87,31 @@ def _cpu_seconds() -> float:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     item.stash[_CPU_AT_START] = _cpu_seconds()
+    free_hivemind_locks()
     yield
+
+
+def free_hivemind_locks() -> None:
+    """Give hivemind's process-wide MPFuture locks back when a process that died holding one left them taken.
+
+    hivemind creates them once, at import (``MPFuture._update_lock``, ``_initialization_lock``), and every process
+    this one forks afterwards shares them. A helper process killed while it held one (an averager ended at a
+    test's tear-down in the middle of sending a result) leaves it taken for good: every later hivemind process of
+    this pytest process then blocks on it, and a DHT never becomes ready (one suite run hung four tests of
+    ``test_schedule_offset.py`` that way, five minutes each). Between tests no hivemind process of this one is
+    meant to be running, so a lock still taken after a second is a dead holder's."""
+    mpfuture = sys.modules.get("hivemind.utils.mpfuture")
+    if mpfuture is None:
+        return
+    import multiprocessing
+
+    for name in ("_update_lock", "_initialization_lock"):
+        lock = getattr(mpfuture.MPFuture, name)
+        if lock.acquire(timeout=1.0):
+            lock.release()
+        else:
+            print(f"hivemind's MPFuture.{name} was left taken by a process that ended: replaced", file=sys.stderr)
+            setattr(mpfuture.MPFuture, name, multiprocessing.Lock())
 
 
 @pytest.hookimpl(hookwrapper=True)
