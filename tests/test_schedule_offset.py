@@ -21,12 +21,12 @@ def schedule(step: int) -> float:
     return 1.0 / (1 + step)  # every step its own rate
 
 
-def make_peer(dht, run_id: str, model: torch.nn.Module) -> SwarmOptimizer:
+def make_peer(dht, run_id: str, model: torch.nn.Module, optimizer=partial(torch.optim.SGD, lr=0.5)) -> SwarmOptimizer:  # noqa: ANN001, B008
     return SwarmOptimizer(
         dht=dht,
         run_id=run_id,
         params=model.parameters(),
-        optimizer=partial(torch.optim.SGD, lr=0.5),
+        optimizer=optimizer,
         scheduler=partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=schedule),
         batch_size_per_step=8,
         target_batch_size=64,
@@ -138,19 +138,7 @@ def test_a_volunteer_s_state_brings_its_parameters_not_its_optimizer_statistics_
     holder = joiner = None
 
     def adam_peer(dht) -> SwarmOptimizer:  # noqa: ANN001
-        model = torch.nn.Linear(4, 2)
-        return SwarmOptimizer(
-            dht=dht,
-            run_id=run_id,
-            params=model.parameters(),
-            optimizer=partial(torch.optim.Adam, lr=0.5),
-            scheduler=partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=schedule),
-            batch_size_per_step=8,
-            target_batch_size=64,
-            matchmaking_time=0.5,
-            averaging_timeout=5.0,
-            verbose=False,
-        )
+        return make_peer(dht, run_id, torch.nn.Linear(4, 2), partial(torch.optim.Adam, lr=0.5))
 
     try:
         holder = adam_peer(first)
