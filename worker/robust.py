@@ -267,6 +267,32 @@ def make_runner_class() -> type:
 
             container.register_processed_part = register_finite
 
+        async def rpc_aggregate_part(self, stream: Any, context: Any) -> Any:
+            """hivemind's handler, with each answer's delivery bounded. hivemind bounds the wait for a sender's next
+            part, but not the wait while an answer is sent back: a sender that sends its parts and never reads the
+            answers (keeping its stream open) holds this handler at its first answers, then this peer's reducer,
+            which waits for that sender's next part, and so this peer's whole round until ``averaging_timeout``.
+            An answer not taken within ``reducer_timeout`` (what a sender waits for an answer) leaves the sender out
+            of the rest of this peer's slice, like one that stops sending, and closes its stream."""
+            timeout = self.reducer_timeout or self.sender_timeout
+            task = asyncio.current_task()
+            loop = asyncio.get_running_loop()
+
+            def deaf() -> None:
+                logger.warning("%s did not take its averaged part within %.1f s: left out", context.remote_id, timeout)
+                # hivemind's sender ban; then the stream goes: cancelling the delivery ends the stream's task
+                asyncio.ensure_future(self._ban_sender(context.remote_id)).add_done_callback(
+                    lambda _: task.cancel() if task is not None else None
+                )
+
+            async for message in super().rpc_aggregate_part(stream, context):
+                timer = loop.call_later(timeout, deaf) if timeout else None
+                try:
+                    yield message
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+
         async def run(self) -> Any:
             async for delta in super().run():
                 yield delta
