@@ -1,18 +1,18 @@
 """A groupmate that sends its parts in a gradient round but never reads the averaged parts back, keeping its
 streams open (a hostile volunteer's patched hivemind, or one too busy to read), against a real averager on
-loopback with swarmhub's guarded all-reduce (``robust.GuardedAllReduceRunner``)."""
+loopback with swarmhub's guarded all-reduce (``robust.GuardedAllReduceRunner``). Both run in a process of their
+own: ``robust.install`` changes hivemind's module globals for the process that calls it."""
 
 from __future__ import annotations
 
-import asyncio
-import time
+import json
+import subprocess
+import sys
+import uuid
 
 import pytest
-import torch
 
-from swarmhub.worker import robust
-
-from .swarm_processes import loopback_dhts
+from .swarm_processes import kill_all, tagged_env, wait_gone
 
 pytestmark = pytest.mark.swarm
 
@@ -22,21 +22,47 @@ SIZE = 4_000_000
 CHUNK_TIMEOUT = 2.0  # hivemind's next_chunk_timeout: a sender's parts 2 s apart at most, an answer 4 s
 ALLREDUCE_TIMEOUT = 60.0  # what holds a round when nothing else ends it (the worker's averaging_timeout)
 
+SCRIPT = """
+import asyncio, json, sys, time
+import hivemind, torch
+from hivemind.averaging.allreduce import AllReduceRunner
+from swarmhub.worker import robust
 
-def never_reads_answers(runner_class: type) -> object:
-    """The attacker's ``_communicate_with_peer``: her own slice as hivemind does it; to each other peer she sends
-    her parts, then sleeps with the stream open and its answers unread."""
-    communicate = runner_class._communicate_with_peer
+size, chunk_timeout, allreduce_timeout = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+robust.install("mean", target_batch_size=1_000_000, run_id="deaf-test", experiment_key=None, username="ada")
+first = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
+second = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=first.get_visible_maddrs(), start=True)
+options = dict(prefix="deaf-test", target_group_size=2, min_group_size=2, min_matchmaking_time=2.0,
+               request_timeout=1.0, next_chunk_timeout=chunk_timeout, allreduce_timeout=allreduce_timeout, start=True)
+honest = hivemind.averaging.DecentralizedAverager([torch.full((size,), 1.0)], first, **options)
 
-    async def deaf(self, peer_id):  # noqa: ANN001, ANN202
-        if peer_id == self.peer_id:
-            return await communicate(self, peer_id)
-        parts = self._generate_input_for_peer(self.ordered_peer_ids.index(peer_id))
-        answers = await self._get_peer_stub(peer_id).rpc_aggregate_part(parts)
-        await asyncio.sleep(3600)
-        return answers
+# the attacker's copy of hivemind: her own slice as usual; to the other peer she sends her parts, then sleeps with
+# the stream open and its answers unread. Her averager's process is forked now and keeps the patch.
+communicate = AllReduceRunner._communicate_with_peer
+async def deaf(self, peer_id):
+    if peer_id == self.peer_id:
+        return await communicate(self, peer_id)
+    parts = self._generate_input_for_peer(self.ordered_peer_ids.index(peer_id))
+    answers = await self._get_peer_stub(peer_id).rpc_aggregate_part(parts)
+    await asyncio.sleep(3600)
+AllReduceRunner._communicate_with_peer = deaf
+mallory = hivemind.averaging.DecentralizedAverager([torch.full((size,), 3.0)], second, **options)
+AllReduceRunner._communicate_with_peer = communicate
 
-    return deaf
+started = time.monotonic()
+control = honest.step(wait=False, timeout=allreduce_timeout + 30)
+mallory.step(wait=False, timeout=allreduce_timeout + 30)
+try:
+    group, error = control.result(timeout=allreduce_timeout + 60), None
+except Exception as e:
+    group, error = None, repr(e)[:200]
+took = time.monotonic() - started
+with honest.get_tensors() as tensors:
+    averaged, kept = int((tensors[0] == 2.0).sum()), int((tensors[0] == 1.0).sum())
+print(json.dumps({"took": took, "group": len(group) if group else 0, "error": error, "averaged": averaged,
+                  "kept": kept}), flush=True)
+honest.shutdown(); mallory.shutdown(); first.shutdown(); second.shutdown()
+"""
 
 
 def test_a_groupmate_that_never_reads_its_averaged_parts_does_not_hold_the_round() -> None:
@@ -44,44 +70,23 @@ def test_a_groupmate_that_never_reads_its_averaged_parts_does_not_hold_the_round
     averaged (its handler stuck sending the deaf peer an answer, its reducer waiting for that peer's next part).
     With it the deaf peer is left out of the rest of the honest peer's slice after the reducer timeout: the round
     ends in seconds, and the deaf peer's own slice, which she reduces and answers honestly, is averaged."""
-    import hivemind
-    from hivemind.averaging.allreduce import AllReduceRunner
-
-    robust.install("mean", target_batch_size=1_000_000, run_id="deaf-test", experiment_key=None, username="ada")
-    options = dict(
-        prefix="deaf-test",
-        target_group_size=2,
-        min_group_size=2,
-        min_matchmaking_time=2.0,
-        request_timeout=1.0,
-        next_chunk_timeout=CHUNK_TIMEOUT,
-        allreduce_timeout=ALLREDUCE_TIMEOUT,
-        start=True,
-    )
-    with loopback_dhts(2) as (honest_dht, deaf_dht):
-        honest = hivemind.averaging.DecentralizedAverager([torch.full((SIZE,), 1.0)], honest_dht, **options)
-        original = AllReduceRunner._communicate_with_peer
-        AllReduceRunner._communicate_with_peer = never_reads_answers(AllReduceRunner)  # her forked process keeps it
-        try:
-            deaf = hivemind.averaging.DecentralizedAverager([torch.full((SIZE,), 3.0)], deaf_dht, **options)
-        finally:
-            AllReduceRunner._communicate_with_peer = original
-        try:
-            started = time.monotonic()
-            control = honest.step(wait=False, timeout=90)
-            deaf.step(wait=False, timeout=90)
-            group = control.result(timeout=120)
-            took = time.monotonic() - started
-            assert group is not None and len(group) == 2
-            assert took < ALLREDUCE_TIMEOUT / 2, took
-            with honest.get_tensors() as tensors:
-                values = tensors[0]
-                averaged = int((values == 2.0).sum())
-                kept = int((values == 1.0).sum())
-            # her slice, reduced by her, came back averaged; the rest of the honest slice is the honest values or
-            # their average with what she sent before she was left out
-            assert averaged + kept == SIZE, (averaged, kept)
-            assert averaged >= SIZE // 3, (averaged, kept)
-        finally:
-            honest.shutdown()
-            deaf.shutdown()
+    tag = f"deaf-{uuid.uuid4().hex}"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", SCRIPT, str(SIZE), str(CHUNK_TIMEOUT), str(ALLREDUCE_TIMEOUT)],
+            capture_output=True,
+            text=True,
+            timeout=ALLREDUCE_TIMEOUT + 120,
+            env=tagged_env(tag),
+        )
+    finally:
+        kill_all(wait_gone(tag, 30))
+    lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    assert lines, run.stderr[-3000:]
+    result = json.loads(lines[-1])
+    assert result["error"] is None and result["group"] == 2, (result, run.stderr[-3000:])
+    assert result["took"] < ALLREDUCE_TIMEOUT / 2, result
+    # her slice, reduced by her, came back averaged; the rest of the honest slice is the honest values or their
+    # average with what she sent before she was left out
+    assert result["averaged"] + result["kept"] == SIZE, result
+    assert result["averaged"] >= SIZE // 3, result
