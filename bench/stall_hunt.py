@@ -22,6 +22,7 @@ not a stall was caught. Leaves no process behind.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import random
 import shutil
@@ -59,7 +60,10 @@ class Watcher:
         while not self._stop.wait(0.5):
             now = time.time()
             for proc in list(self.h.procs):
-                if "swarmhub" not in proc.name or proc.popen.poll() is not None or proc.name in self.stalled:
+                stopping = proc.popen.stdin is None or proc.popen.stdin.closed  # asked to stop: silent by design
+                if "swarmhub" not in proc.name or stopping or proc.popen.poll() is not None:
+                    continue
+                if proc.name in self.stalled:
                     continue
                 events = c.progress(proc.events)
                 if len(events) >= SILENT_AT_START and now - events[-1]["t"] > self.stall:
@@ -139,7 +143,7 @@ def main() -> int:
     os.environ["SWARMHUB_TASKDUMP_DIR"] = str(dumps)  # the harness's processes inherit os.environ
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TASKDUMP), os.environ.get("PYTHONPATH")]))
     print(f"stall_hunt: {c.machine_line()}; dumps in {dumps}")
-    burners = [__import__("multiprocessing").Process(target=burn, args=(i,), daemon=True) for i in range(args.load)]
+    burners = [multiprocessing.Process(target=burn, args=(i,), daemon=True) for i in range(args.load)]
     for b in burners:
         b.start()
     load = c.MachineLoad()
