@@ -17,7 +17,7 @@ from .swarm_processes import kill_all, tagged_env, wait_gone
 pytestmark = pytest.mark.swarm
 
 # Large enough that the averaged parts sent back do not fit the buffers between the two peers (sockets and the
-# p2p stream window): with a vector of 1.2 million values the honest round was not held, with 4 million it was
+# p2p stream window): with 307,200 values (1.2 MB) the honest round was not held, with 4 million (16 MB) it was
 SIZE = 4_000_000
 CHUNK_TIMEOUT = 2.0  # hivemind's next_chunk_timeout: a sender's parts 2 s apart at most, an answer 4 s
 ALLREDUCE_TIMEOUT = 60.0  # what holds a round when nothing else ends it (the worker's averaging_timeout)
