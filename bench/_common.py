@@ -512,28 +512,68 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def bare_rate(hidden_size: int, batch_size: int, seconds: float = 2.0) -> float:
+class BareLoop:
+    """The hand-written PyTorch loop the worker is compared with: forward (under autocast when ``precision`` is
+    bf16 or fp16, as the worker computes on a CUDA device), backward, an Adam step per batch, on ``device``.
+    fp16 scales the loss with PyTorch's GradScaler, as the worker does."""
+
+    def __init__(self, hidden_size: int, batch_size: int, device: str = "cpu", precision: str = "fp32", seed: int = 0):
+        import torch
+
+        from swarmhub.worker.tasks import get_task
+
+        self.device = torch.device(device)
+        self.task = get_task("digits")({"hidden_size": hidden_size, "batch_size": batch_size})
+        self.model = self.task.build_model().to(self.device)
+        self.adam = torch.optim.Adam(self.model.parameters())
+        self.batches = self.task.batches(seed)
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
+        self.model.train()
+
+    def step(self) -> Any:
+        """One step; returns the loss as a tensor (reading it is a device synchronisation: the caller chooses when)."""
+        import torch
+
+        with torch.autocast(self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
+            loss = self.task.loss(self.model, next(self.batches), self.device)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.adam)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.adam.step()
+        self.adam.zero_grad()
+        return loss
+
+    def synchronize(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def bare_rate(hidden_size: int, batch_size: int, seconds: float = 2.0, device: str = "cpu") -> float:
     """Samples/s of a bare loop (forward, backward, Adam step) of the digits workload on one thread of this
-    machine: what the benchmarks size their target batch with, so that epochs last as long on any machine."""
+    machine (on ``device``, in the precision the worker picks for it): what the benchmarks size their target batch
+    with, so that epochs last as long on any machine."""
     import torch
 
-    from swarmhub.worker.tasks import get_task
+    from swarmhub.worker.training import resolve_precision
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        task = get_task("digits")({"hidden_size": hidden_size, "batch_size": batch_size})
-        model = task.build_model()
-        adam = torch.optim.Adam(model.parameters())
-        batches, cpu = task.batches(0), torch.device("cpu")
+        loop = BareLoop(hidden_size, batch_size, device, resolve_precision("auto", torch.device(device)))
         steps, start = -3, 0.0  # three warm-up steps
         while steps < 3 or time.perf_counter() - start < seconds:
             if steps == 0:
+                loop.synchronize()
                 start = time.perf_counter()
-            task.loss(model, next(batches), cpu).backward()
-            adam.step()
-            adam.zero_grad()
+            loop.step()
             steps += 1
+        loop.synchronize()
         return steps * batch_size / (time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
@@ -545,15 +585,19 @@ def batch_for(workers: int, rate: float, seconds: float, batch_size: int) -> int
     return max(round(workers * rate * seconds / batch_size), 1) * batch_size
 
 
-def sized_target(fixed: int | None, workers: int, seconds: float, hidden_size: int, batch_size: int) -> int:
+def sized_target(
+    fixed: int | None, workers: int, seconds: float, hidden_size: int, batch_size: int, device: str = "cpu"
+) -> int:
     """A benchmark's target batch: ``fixed`` (its ``--target-batch-size``) when given, else what ``workers``
-    workers gather in ``seconds`` at the rate a 2 s bare loop measures now (printed, with the target)."""
+    workers gather in ``seconds`` at the rate a 2 s bare loop measures now on ``device`` (printed, with the
+    target)."""
     if fixed is not None:
         return fixed
-    bare = bare_rate(hidden_size, batch_size)
+    bare = bare_rate(hidden_size, batch_size, device=device)
     target = batch_for(workers, bare, seconds, batch_size)
+    where = "one thread" if device == "cpu" else f"{device} (one CPU thread)"
     print(
-        f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on one thread here: target batch "
+        f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on {where} here: target batch "
         f"{target:,}, {seconds:g} s of the bare loop's samples for {workers} worker(s)"
     )
     return target

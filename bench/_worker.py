@@ -15,12 +15,14 @@ Modes:
   configured like hivemind's ALBERT example (examples/albert/run_trainer.py), the same MLP and data written
   out here, and a plain loop. No swarmhub code.
 - ``plain-bootstrap``: a bare hivemind DHT peer the ``plain`` peers bootstrap from (ALBERT's first peer).
-- ``bare``: a plain PyTorch loop (Adam step per batch) on digits' model and data; no swarm at all.
+- ``bare``: a plain PyTorch loop (Adam step per batch) on digits' model and data; no swarm at all. ``device``
+  and ``precision`` (default cpu, fp32) as the worker's options.
 - ``single``: one process, gradients accumulated to ``target_batch_size`` samples per Adam step; the model's
   loss on the whole data after each step (the convergence baseline). With ``hivemind_start``, the optimizer first
   gets hivemind's initialisation (one step on zero gradients), as inside ``hivemind.Optimizer``.
 - ``server``: what ``swarmhub join`` runs after login: the real join route of a running server, a real
-  ``Reporter`` on its websocket, ``run_session`` (log routing, signals, console progress line) and ``train``.
+  ``Reporter`` on its websocket, ``run_session`` (log routing, signals, console progress line) and ``train``, on
+  ``config["device"]`` (default cpu; precision auto, as ``swarmhub join --device``).
 """
 
 from __future__ import annotations
@@ -288,24 +290,24 @@ def run_plain_bootstrap(cfg: dict[str, Any]) -> None:
 
 
 def run_bare(cfg: dict[str, Any]) -> None:
-    from swarmhub.worker.tasks.digits import DigitsTask
+    """``_common.BareLoop`` until stdin closes, on ``cfg["device"]`` (default cpu) in ``cfg["precision"]`` (default
+    fp32); the loss is read (a device synchronisation) only for the progress line, every REPORT_EVERY seconds."""
+    from _common import BareLoop
 
     watch_stdin()
-    task = DigitsTask({"hidden_size": cfg["hidden_size"], "batch_size": cfg["batch_size"]})
-    model = task.build_model()
-    opt = torch.optim.Adam(model.parameters(), lr=cfg["learning_rate"])
-    batches = task.batches(seed=cfg.get("data_seed", 0))
-    device = torch.device("cpu")
+    loop = BareLoop(
+        cfg["hidden_size"],
+        cfg["batch_size"],
+        cfg.get("device", "cpu"),
+        cfg.get("precision", "fp32"),
+        seed=cfg.get("data_seed", 0),
+    )
     samples = steps = 0
     last_report = time.monotonic()
     emit({"event": "progress", "samples": 0, "step": 0, "epoch": 0, "epoch_change": False})
-    model.train()
     while not _stop.is_set():
-        loss = task.loss(model, next(batches), device)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        samples += task.batch_size
+        loss = loop.step()
+        samples += loop.task.batch_size
         steps += 1
         now = time.monotonic()
         if now - last_report >= REPORT_EVERY:
@@ -365,11 +367,12 @@ def run_server(cfg: dict[str, Any]) -> None:
 
     without_epoch_guard(cfg)
     url, token, slug = cfg["url"], cfg["token"], cfg["slug"]
+    device = cfg.get("device", "cpu")
     state = Path(cfg["state_dir"])
     identity = state / "identity.key"
     public_key = swarm_access.public_key_text(swarm_access.load_or_create_identity(identity))
     with ApiClient(url, token, user_agent=USER_AGENT) as client:
-        request = JoinRequest(device="cpu", client_version=__version__, peer_public_key=public_key)
+        request = JoinRequest(device=device, client_version=__version__, peer_public_key=public_key)
         joined = client.join(slug, request)
 
     def fetch_token() -> SwarmToken:
@@ -414,7 +417,7 @@ def run_server(cfg: dict[str, Any]) -> None:
     with open(state / "console.txt", "w") as console:
         code = run_session(
             joined,
-            device="cpu",
+            device=device,
             listen_maddrs=["/ip4/127.0.0.1/tcp/0"],
             reporter=reporter,
             log_path=state / "join.log",

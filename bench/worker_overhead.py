@@ -23,10 +23,15 @@ the report gives the median and min..max over rounds.
 ``--compare-overlap`` also runs the worker with the experiment's ``overlap`` at ``delayed-averaging`` in each round,
 against ``none`` (the rounds then run bare, none, delayed-averaging, the order flipped each round), for
 a peer with a core to spare (one training thread; its helpers, the server and the witness it averages with every
-epoch share the other core). It prints the ratio and what ``overlap: auto`` picks for a CPU peer.
+epoch share the other core). It prints the ratio and what ``overlap: auto`` picks for the worker's device.
 
-Command: ``.venv/bin/python bench/worker_overhead.py [--quick] [--compare-overlap]`` (full: 3 rounds, about 4-5
-minutes on a 2-core machine, 6-7 with --compare-overlap; --quick: one short round, under a minute). Exits 0
+``--device cuda`` runs both loops on the CUDA device, in the precision the worker's ``--precision auto`` picks
+there (bf16 where supported): the GPU peer's case (``bench/gpu/check.sh`` runs it on a machine with a GPU). Each
+round prints the device, precision and overlap the worker says it trained with.
+
+Command: ``.venv/bin/python bench/worker_overhead.py [--quick] [--compare-overlap] [--device cuda]`` (full: 3
+rounds, about 4-5 minutes on a 2-core machine, 6-7 with --compare-overlap; --quick: one short round, under a
+minute). Exits 0
 whether the target is met or not; nonzero only when the benchmark itself fails. Leaves no process behind.
 """
 
@@ -36,6 +41,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import _common as c
@@ -64,6 +70,8 @@ class Mode:
 FULL = Mode("full", rounds=3, warmup=3.0, window=25.0, epoch_seconds=8.0, matchmaking_time=3.0)
 QUICK = Mode("quick", rounds=1, warmup=1.0, window=8.0, epoch_seconds=5.0, matchmaking_time=2.0)
 TARGET_BATCH_SIZE = 0  # set in main
+DEVICE = "cpu"  # --device: where both loops compute
+PRECISION = "fp32"  # what the worker's ``--precision auto`` picks on DEVICE; the bare loop computes in it too
 DELAYED = "delayed-averaging"
 
 
@@ -80,7 +88,7 @@ def swarmhub_round(
     name = f"r{r}-swarmhub" + (f"-{overlap}" if overlap else "")
     state = h.tmp / f"{name}-state"
     state.mkdir()
-    config = {"url": server.url, "token": server.token, "slug": slug, "state_dir": str(state)}
+    config = {"url": server.url, "token": server.token, "slug": slug, "state_dir": str(state), "device": DEVICE}
     worker = h.worker(name, "server", config)
     c.wait_progress([worker], 180)
     t0 = c.wait_epochs([worker], 1, 120)  # the first epoch ends (startup and first-epoch estimates behind us)
@@ -115,13 +123,24 @@ def swarmhub_round(
         "reports": reports,
         "unacked": summary.get("unacked", "?"),
         "peers": max((e.get("peers", 0) for e in c.progress(worker.events)), default=0),
+        "trained_with": trained_with(state / "join.log"),
         "averaged": f"{sum(1 for e in changes if (e.get('averaged_peers') or 0) >= 2)}/{len(changes)}",
     }
 
 
+def trained_with(log: Path) -> str:
+    """What the worker says it trained with (``train``'s "training on ..." line in its join log)."""
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if "training on " in line]
+    except OSError:
+        return "?"
+    return lines[-1].split("training on ", 1)[1].strip() if lines else "?"
+
+
 def bare_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
     exp = c.experiment_config(target_batch_size=TARGET_BATCH_SIZE)
-    worker = h.worker(f"r{r}-bare", "bare", {**c.bare_loop_config(exp), "data_seed": r})
+    config = {**c.bare_loop_config(exp), "data_seed": r, "device": DEVICE, "precision": PRECISION}
+    worker = h.worker(f"r{r}-bare", "bare", config)
     t0 = c.wait_progress([worker], 120) + mode.warmup
     c.sleep_until(t0)
     cpu0 = c.cpu_seconds([worker])
@@ -133,6 +152,23 @@ def bare_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
         raise c.BenchError(f"bare round {r}: exit code {codes}\n{worker.log_tail()}")
     measured = c.swarm_rate([worker], t0, t1)
     return {"bare": measured[0], "bare_how": measured[1], "bare_cpu": cpu}
+
+
+def device_and_precision(name: str) -> tuple[str, str]:
+    """``--device`` as the worker resolves it, and the precision the worker's ``auto`` picks there (printed)."""
+    import torch
+
+    from swarmhub.worker.errors import WorkerError
+    from swarmhub.worker.training import resolve_device, resolve_precision
+
+    try:
+        device = resolve_device(name)
+    except WorkerError as exc:
+        raise SystemExit(f"--device {name}: {exc}") from None
+    precision = resolve_precision("auto", device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU"
+    print(f"device: {device} ({where}), precision {precision} for both loops")
+    return str(device), precision
 
 
 def main() -> int:
@@ -152,18 +188,28 @@ def main() -> int:
         help="also run the worker with overlap delayed-averaging in each round, against none: a peer with a core "
         "to spare (one training thread on a machine of two or more cores)",
     )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the worker (swarmhub join --device) and the bare loop compute: cpu (default) or cuda; on cuda "
+        "both compute in the precision the worker's auto picks (bf16 where the device supports it, else fp16)",
+    )
     args = parser.parse_args()
-    global TARGET_BATCH_SIZE
+    global TARGET_BATCH_SIZE, DEVICE, PRECISION
     mode = QUICK if args.quick else FULL
     rounds = args.rounds or mode.rounds
     print(f"worker_overhead ({mode.name}): {c.machine_line()}")
-    TARGET_BATCH_SIZE = c.sized_target(args.target_batch_size, 1, mode.epoch_seconds, c.HIDDEN_SIZE, c.BATCH_SIZE)
+    DEVICE, PRECISION = device_and_precision(args.device)
+    TARGET_BATCH_SIZE = c.sized_target(
+        args.target_batch_size, 1, mode.epoch_seconds, c.HIDDEN_SIZE, c.BATCH_SIZE, device=DEVICE
+    )
     exp = c.experiment_config(target_batch_size=TARGET_BATCH_SIZE, matchmaking_time=mode.matchmaking_time)
     params = exp["task_params"]
     print(
         f"workload: digits MLP hidden_size={params['hidden_size']}, batch {params['batch_size']}"
         f"/step, adam lr {exp['learning_rate']}; swarmhub: target_batch_size {exp['target_batch_size']}, "
-        f"matchmaking_time {exp['matchmaking_time']} s, a swarm of one; one thread each; {rounds} round(s)"
+        f"matchmaking_time {exp['matchmaking_time']} s, a swarm of one; one thread each, on {DEVICE} in {PRECISION}; "
+        f"{rounds} round(s)"
     )
     started = time.monotonic()
     load = c.MachineLoad()
@@ -211,8 +257,12 @@ def report_overlap(results: list[dict[str, Any]]) -> None:
     delayed = [r["delayed_swarmhub"] for r in results]
     ratios = [d / n for d, n in zip(delayed, none, strict=True)]
     print()
-    print("overlap, for a worker with a core to spare (one training thread; its helpers and the server's peers share")
-    print("the other core): samples/s, median and min..max over rounds")
+    if DEVICE == "cpu":
+        print("overlap, for a worker with a core to spare (one training thread; its helpers and the server's peers")
+        print("share the other core): samples/s, median and min..max over rounds")
+    else:
+        print(f"overlap, for a worker computing on {DEVICE} in {PRECISION} (one CPU thread feeds it; its helpers and")
+        print("the server's peers share the other cores): samples/s, median and min..max over rounds")
     headers = ["overlap", *[f"round {i + 1}" for i in range(len(results))], "median", "spread"]
     rows = [
         c.summary_row("none", none),
@@ -226,11 +276,15 @@ def report_overlap(results: list[dict[str, Any]]) -> None:
             f"{r['delayed_averaged']}; helpers {r['helper_ms_per_step']:.2f} vs {r['delayed_helper_ms_per_step']:.2f} "
             f"ms per step; cores {r['swarmhub_cpu']} vs {r['delayed_swarmhub_cpu']}"
         )
-    auto = choose_overlap(Overlap.auto, torch.device("cpu"), bandwidth=None)
-    print(
-        f"overlap auto picks {auto.value} for this worker (a CPU peer, its link to the server loopback, not measured: "
-        f"a fast link); delayed-averaging/none = {c.median(ratios):.3f}"
+        print(f"  trained on: none {r['trained_with']}; delayed-averaging {r['delayed_trained_with']}")
+    device = torch.device(DEVICE)
+    auto = choose_overlap(Overlap.auto, device, bandwidth=None)
+    kind = (
+        "a CUDA peer"
+        if device.type == "cuda"
+        else "a CPU peer, its link to the server loopback, not measured: a fast link"
     )
+    print(f"overlap auto picks {auto.value} for this worker ({kind}); delayed-averaging/none = {c.median(ratios):.3f}")
 
 
 def report(results: list[dict[str, Any]], rounds: int, elapsed: float) -> None:
@@ -252,6 +306,7 @@ def report(results: list[dict[str, Any]], rounds: int, elapsed: float) -> None:
             f"({r['unacked']} not acknowledged, i.e. not stored, by the server at exit), most peers seen "
             f"{r['peers']}; bare window {r['bare_how']}"
         )
+        print(f"  the worker trained on {r['trained_with']} (its join log)")
         print(f"  cores used (main process + its child processes): swarmhub {r['swarmhub_cpu']} | bare {r['bare_cpu']}")
         cap = r["rate_cap"]
         near = ""
@@ -267,9 +322,9 @@ def report(results: list[dict[str, Any]], rounds: int, elapsed: float) -> None:
     print(
         "the swarmhub side adds: hivemind.Optimizer in a swarm of one (gradient accumulation every step, one "
         "optimizer step and one averaging round with the server's witness per epoch, the progress tracker), its DHT, "
-        "averager and p2pd processes, swarmhub's loop (loss read-back every step, a report every 2 s and at each "
-        "epoch), the websocket Reporter and its on-disk spool, the deny-list poll, token renewal and the console "
-        "progress line; the ratio includes all of it"
+        "averager and p2pd processes, swarmhub's loop (the loss summed on the device and read back once a report, "
+        "a report every 2 s and at each epoch), the websocket Reporter and its on-disk spool, the deny-list poll, "
+        "token renewal and the console progress line; the ratio includes all of it"
     )
     med = c.median(ratios)
     print(f"swarmhub/bare = {med:.3f} (target >= 0.97): {c.verdict(med >= 0.97)}")

@@ -227,6 +227,7 @@ def train(
     summary.overlap = overlap.value
     if overlap != cfg.overlap:
         logger.info("overlap %s: training with %s on this machine", cfg.overlap.value, overlap.value)
+    logger.info("training on %s, precision %s, overlap %s", torch_device, amp, overlap.value)
 
     def should_stop() -> StopReason | None:
         if stop_event.is_set():

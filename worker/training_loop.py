@@ -230,7 +230,10 @@ def _loop(
     scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
     last_epoch_change = started
     seq = 0
-    window_losses: list[float] = []
+    # The window's losses summed on the model's device: read back (on a GPU, a wait for every queued kernel) once
+    # per report, not once per step.
+    window_loss: torch.Tensor | None = None
+    window_steps = 0
     window_start = started
     # (time, samples) at each report: the speed is measured over the last SPEED_WINDOW_SECONDS, never over
     # one short window (a step right after an averaging round would read as a burst of thousands per second).
@@ -239,17 +242,17 @@ def _loop(
     summary.epoch = last_epoch
 
     def publish(now: float) -> None:
-        nonlocal seq, window_losses, window_start
+        nonlocal seq, window_loss, window_steps, window_start
         keep_access()
-        if not window_losses:
+        if window_loss is None or not window_steps:
             return
-        loss = sum(window_losses) / len(window_losses)
+        loss = float(window_loss) / window_steps
         history.append((now, summary.samples))
         while len(history) > 2 and now - history[1][0] >= SPEED_WINDOW_SECONDS:
             history.popleft()
         since, samples_then = history[0]
         speed = (summary.samples - samples_then) / max(now - since, 1e-3)
-        window_losses, window_start = [], now
+        window_loss, window_steps, window_start = None, 0, now
         if not math.isfinite(loss):
             logger.warning("non-finite loss %r at step %d: not reported", loss, summary.steps)
             return
@@ -299,7 +302,9 @@ def _loop(
         opt.zero_grad()
         summary.steps += 1
         summary.samples += task.batch_size
-        window_losses.append(float(loss.detach()))
+        step_loss = loss.detach().float()
+        window_loss = step_loss if window_loss is None else window_loss + step_loss
+        window_steps += 1
         summary.epoch = opt.local_epoch
         now = time.monotonic()
         if summary.epoch != last_epoch or now - window_start >= REPORT_EVERY_SECONDS:
