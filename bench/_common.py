@@ -554,10 +554,12 @@ class BareLoop:
             torch.cuda.synchronize(self.device)
 
 
-def bare_rate(hidden_size: int, batch_size: int, seconds: float = 2.0, device: str = "cpu") -> float:
+def bare_rate(
+    hidden_size: int, batch_size: int, seconds: float = 2.0, device: str = "cpu", precision: str = "auto"
+) -> float:
     """Samples/s of a bare loop (forward, backward, Adam step) of the digits workload on one thread of this
-    machine (on ``device``, in the precision the worker picks for it): what the benchmarks size their target batch
-    with, so that epochs last as long on any machine."""
+    machine (on ``device``, in ``precision``; ``auto``: what the worker picks there): what the benchmarks size their
+    target batch with, so that epochs last as long on any machine."""
     import torch
 
     from swarmhub.worker.training import resolve_precision
@@ -565,7 +567,7 @@ def bare_rate(hidden_size: int, batch_size: int, seconds: float = 2.0, device: s
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        loop = BareLoop(hidden_size, batch_size, device, resolve_precision("auto", torch.device(device)))
+        loop = BareLoop(hidden_size, batch_size, device, resolve_precision(precision, torch.device(device)))
         steps, start = -3, 0.0  # three warm-up steps
         while steps < 3 or time.perf_counter() - start < seconds:
             if steps == 0:
@@ -586,16 +588,22 @@ def batch_for(workers: int, rate: float, seconds: float, batch_size: int) -> int
 
 
 def sized_target(
-    fixed: int | None, workers: int, seconds: float, hidden_size: int, batch_size: int, device: str = "cpu"
+    fixed: int | None,
+    workers: int,
+    seconds: float,
+    hidden_size: int,
+    batch_size: int,
+    device: str = "cpu",
+    precision: str = "auto",
 ) -> int:
     """A benchmark's target batch: ``fixed`` (its ``--target-batch-size``) when given, else what ``workers``
     workers gather in ``seconds`` at the rate a 2 s bare loop measures now on ``device`` (printed, with the
     target)."""
     if fixed is not None:
         return fixed
-    bare = bare_rate(hidden_size, batch_size, device=device)
+    bare = bare_rate(hidden_size, batch_size, device=device, precision=precision)
     target = batch_for(workers, bare, seconds, batch_size)
-    where = "one thread" if device == "cpu" else f"{device} (one CPU thread)"
+    where = "one thread" if device == "cpu" else f"{device} in {precision} (one CPU thread)"
     print(
         f"calibration: a bare loop of the workload trains {bare:,.0f} samples/s on {where} here: target batch "
         f"{target:,}, {seconds:g} s of the bare loop's samples for {workers} worker(s)"

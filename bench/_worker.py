@@ -22,7 +22,7 @@ Modes:
   gets hivemind's initialisation (one step on zero gradients), as inside ``hivemind.Optimizer``.
 - ``server``: what ``swarmhub join`` runs after login: the real join route of a running server, a real
   ``Reporter`` on its websocket, ``run_session`` (log routing, signals, console progress line) and ``train``, on
-  ``config["device"]`` (default cpu; precision auto, as ``swarmhub join --device``).
+  ``config["device"]`` and ``config["precision"]`` (default cpu and auto, as ``swarmhub join``'s options).
 """
 
 from __future__ import annotations
@@ -418,6 +418,7 @@ def run_server(cfg: dict[str, Any]) -> None:
         code = run_session(
             joined,
             device=device,
+            precision=cfg.get("precision", "auto"),
             listen_maddrs=["/ip4/127.0.0.1/tcp/0"],
             reporter=reporter,
             log_path=state / "join.log",

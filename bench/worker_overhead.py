@@ -26,8 +26,8 @@ a peer with a core to spare (one training thread; its helpers, the server and th
 epoch share the other core). It prints the ratio and what ``overlap: auto`` picks for the worker's device.
 
 ``--device cuda`` runs both loops on the CUDA device, in the precision the worker's ``--precision auto`` picks
-there (bf16 where supported): the GPU peer's case (``bench/gpu/check.sh`` runs it on a machine with a GPU). Each
-round prints the device, precision and overlap the worker says it trained with.
+there (bf16 where supported; ``--precision`` chooses another): the GPU peer's case (``bench/gpu/check.sh`` runs it on
+a machine with a GPU). Each round prints the device, precision and overlap the worker says it trained with.
 
 Command: ``.venv/bin/python bench/worker_overhead.py [--quick] [--compare-overlap] [--device cuda]`` (full: 3
 rounds, about 4-5 minutes on a 2-core machine, 6-7 with --compare-overlap; --quick: one short round, under a
@@ -88,7 +88,14 @@ def swarmhub_round(
     name = f"r{r}-swarmhub" + (f"-{overlap}" if overlap else "")
     state = h.tmp / f"{name}-state"
     state.mkdir()
-    config = {"url": server.url, "token": server.token, "slug": slug, "state_dir": str(state), "device": DEVICE}
+    config = {
+        "url": server.url,
+        "token": server.token,
+        "slug": slug,
+        "state_dir": str(state),
+        "device": DEVICE,
+        "precision": PRECISION,
+    }
     worker = h.worker(name, "server", config)
     c.wait_progress([worker], 180)
     t0 = c.wait_epochs([worker], 1, 120)  # the first epoch ends (startup and first-epoch estimates behind us)
@@ -154,8 +161,9 @@ def bare_round(h: c.Harness, r: int, mode: Mode) -> dict[str, Any]:
     return {"bare": measured[0], "bare_how": measured[1], "bare_cpu": cpu}
 
 
-def device_and_precision(name: str) -> tuple[str, str]:
-    """``--device`` as the worker resolves it, and the precision the worker's ``auto`` picks there (printed)."""
+def device_and_precision(name: str, precision: str) -> tuple[str, str]:
+    """``--device`` and ``--precision`` as the worker resolves them (``auto``: what the worker picks there),
+    printed."""
     import torch
 
     from swarmhub.worker.errors import WorkerError
@@ -163,9 +171,9 @@ def device_and_precision(name: str) -> tuple[str, str]:
 
     try:
         device = resolve_device(name)
+        precision = resolve_precision(precision, device)
     except WorkerError as exc:
-        raise SystemExit(f"--device {name}: {exc}") from None
-    precision = resolve_precision("auto", device)
+        raise SystemExit(f"worker_overhead: {exc}") from None
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "the CPU"
     print(f"device: {device} ({where}), precision {precision} for both loops")
     return str(device), precision
@@ -191,17 +199,23 @@ def main() -> int:
     parser.add_argument(
         "--device",
         default="cpu",
-        help="where the worker (swarmhub join --device) and the bare loop compute: cpu (default) or cuda; on cuda "
-        "both compute in the precision the worker's auto picks (bf16 where the device supports it, else fp16)",
+        help="where the worker (swarmhub join --device) and the bare loop compute: cpu (default) or cuda",
+    )
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "bf16", "fp16"],
+        help="the worker's --precision, and the bare loop's (auto: bf16 on a CUDA device that supports it, else "
+        "fp16; fp32 on the CPU)",
     )
     args = parser.parse_args()
     global TARGET_BATCH_SIZE, DEVICE, PRECISION
     mode = QUICK if args.quick else FULL
     rounds = args.rounds or mode.rounds
     print(f"worker_overhead ({mode.name}): {c.machine_line()}")
-    DEVICE, PRECISION = device_and_precision(args.device)
+    DEVICE, PRECISION = device_and_precision(args.device, args.precision)
     TARGET_BATCH_SIZE = c.sized_target(
-        args.target_batch_size, 1, mode.epoch_seconds, c.HIDDEN_SIZE, c.BATCH_SIZE, device=DEVICE
+        args.target_batch_size, 1, mode.epoch_seconds, c.HIDDEN_SIZE, c.BATCH_SIZE, device=DEVICE, precision=PRECISION
     )
     exp = c.experiment_config(target_batch_size=TARGET_BATCH_SIZE, matchmaking_time=mode.matchmaking_time)
     params = exp["task_params"]

@@ -5,12 +5,15 @@
 #
 # 1. A virtual environment over the machine's own Python packages (its torch): the carried wheels installed in
 #    it with --no-deps, swarmhub installed editable as `make setup` does; the imports and the device checked.
-# 2. bench/worker_overhead.py --device cuda --compare-overlap --quick: a smoke run that fails fast (about 1 minute).
-# 3. The same in full mode, 2 rounds (about 5 minutes): the worker (swarm of one, real server and witness on this
-#    machine) against a bare loop on the GPU, and overlap delayed-averaging against none for a GPU peer.
+# 2. bench/worker_overhead.py --device cuda --compare-overlap --quick --precision fp16: a smoke run that fails fast
+#    (about 1 minute), in fp16 with PyTorch's GradScaler (what `auto` picks on a GPU without bf16: T4, V100).
+# 3. The same in full mode, 2 rounds, precision auto (bf16 on an H100; about 5 minutes): the worker (swarm of one,
+#    real server and witness on this machine) against a bare loop on the GPU, and overlap delayed-averaging
+#    against none for a GPU peer.
 #
 # Output goes to $OUT (the device tool's folder that comes back) or /tmp/gpu-check. DEVICE=cpu and
-# PYTHON=... rehearse it on a machine without a GPU; ROUNDS sets step 3's rounds (0 skips it).
+# PYTHON=... rehearse it on a machine without a GPU (step 2 then in fp32); ROUNDS sets step 3's rounds (0 skips
+# it); QUICK_PRECISION step 2's precision.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/gpu-check}"
@@ -18,6 +21,7 @@ DEVICE="${DEVICE:-cuda}"
 ROUNDS="${ROUNDS:-2}"
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-/tmp/swarmhub-gpu-venv}"
+QUICK_PRECISION="${QUICK_PRECISION:-$([ "$DEVICE" = cpu ] && echo fp32 || echo fp16)}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 started=$(date +%s)
@@ -56,8 +60,9 @@ PY
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/setup.txt"
 nproc | sed 's/^/cpus: /' | tee -a "$OUT/setup.txt"
 
-step "worker_overhead --quick --compare-overlap on $DEVICE"
-timeout 240 "$VENV/bin/python" bench/worker_overhead.py --device "$DEVICE" --compare-overlap --quick 2>&1 \
+step "worker_overhead --quick --compare-overlap on $DEVICE in $QUICK_PRECISION"
+timeout 240 "$VENV/bin/python" bench/worker_overhead.py --device "$DEVICE" --precision "$QUICK_PRECISION" \
+    --compare-overlap --quick 2>&1 \
     | tee "$OUT/worker_overhead_quick.txt"
 quick=${PIPESTATUS[0]}
 if [ "$quick" -ne 0 ]; then
