@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     session_days: int = 14
     device_code_minutes: int = 10
     active_window_seconds: int = 30  # a worker that reported within this window counts as active
+    # An open report socket checks its login again this often: a token revoked (or expired) meanwhile closes it
+    login_recheck_seconds: float = Field(default=30.0, gt=0, le=3600)
     live_interval_seconds: float = Field(default=0.25, gt=0, le=60)  # at most one dashboard push per interval
     stats_cache_seconds: int = Field(default=300, ge=0, le=86400)  # /api/stats/ exports: regenerated at most this often
     # Reverse proxies (addresses or networks, comma-separated) whose X-Forwarded-For is believed (server/proxies.py)

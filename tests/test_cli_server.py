@@ -332,3 +332,110 @@ def test_the_server_refuses_a_worker_too_old_for_its_swarm_and_admits_nothing(se
     assert admitted == 0
     assert current.status_code == 200, current.text  # the control: the same join from this version
     assert current.json()["swarm_protocol"] == SWARM_PROTOCOL == 3
+
+
+def test_a_worker_too_old_for_the_swarm_gets_no_renewal_either(settings):
+    """A worker that joined before the hub was upgraded to a newer swarm protocol renews its token with the version
+    every `swarmhub` command names in its User-Agent: it gets the join's 426 (``field: User-Agent``), and the
+    client turns it into the server's line and exit code 9. This version, and a client of the API's own that names
+    none, are renewed."""
+    from swarmhub.worker.client import USER_AGENT, ApiClient, ExitCode, WorkerError
+    from swarmhub.worker.protocol import JoinRequest
+
+    app, _db = hosted_elsewhere(settings, "upgraded-hub")
+    key = swarm_tokens.SigningKey.generate().get_public_key().to_bytes().decode()
+    with LiveServer(app) as server:
+        token = token_for(server.url)
+        with ApiClient(server.url, token, user_agent=USER_AGENT) as client:
+            joined = client.join(
+                "upgraded-hub", JoinRequest(device="cpu", client_version=__version__, peer_public_key=key)
+            )
+            renewed = client.swarm_token(joined, key)
+        headers = {"Authorization": f"Bearer {token}", "User-Agent": "swarmhub-worker/0.2.9"}
+        old = httpx.post(f"{server.url}{joined.token_path}", json={"peer_public_key": key}, headers=headers)
+        with ApiClient(server.url, token, user_agent="swarmhub-worker/0.2.9") as outdated:
+            with pytest.raises(WorkerError) as refused:
+                outdated.swarm_token(joined, key)
+        script = httpx.post(
+            f"{server.url}{joined.token_path}",
+            json={"peer_public_key": key},
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "python-httpx/0.28"},
+        )
+        with ApiClient(server.url, token, user_agent="swarmhub-worker/0.2.9") as outdated:
+            with pytest.raises(WorkerError) as poll_refused:
+                outdated.denylist("upgraded-hub")
+        with ApiClient(server.url, token, user_agent=USER_AGENT) as client:
+            polled = client.denylist("upgraded-hub")
+    assert renewed.public_key and renewed.username  # the control: this version is renewed
+    assert old.status_code == 426, old.text
+    assert old.json()["field"] == "User-Agent"
+    assert "swarmhub 0.2.9 cannot stay in this swarm" in old.json()["detail"]
+    assert refused.value.exit_code == ExitCode.UPGRADE == 9
+    assert refused.value.message == old.json()["detail"]
+    assert "upgrade with `pip install -U swarmhub`, then join again" in refused.value.message
+    assert script.status_code == 200, script.text
+    # the deny-list poll (every 5 s while a worker trains) tells it too, and still answers this version
+    assert poll_refused.value.exit_code == ExitCode.UPGRADE
+    assert polled == set()
+
+
+def test_what_a_training_worker_asks_in_the_background_records_a_refusal_for_good(settings, tmp_path, monkeypatch):
+    """A training worker asks the server, in the background, for its deny-list (every 5 s) and for a fresh swarm
+    token (before the one it holds expires). Once its login is revoked (401) both are refused for good: each
+    records the refusal, which stops its training (``training.should_stop``) instead of letting it train on until
+    the other peers refuse its expired token. A server that is unreachable for now is not a refusal: the last list
+    and the current token serve meanwhile."""
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from swarmhub.worker import swarm_access
+    from swarmhub.worker.client import USER_AGENT, ApiClient, ExitCode
+    from swarmhub.worker.deny_list import DenyList
+    from swarmhub.worker.peer_access import _Access
+    from swarmhub.worker.protocol import JoinRequest
+
+    # _Access makes the peer's key hivemind's process-wide signing key: put the one before back afterwards
+    monkeypatch.setattr(RSAPrivateKey, "_process_wide_key", RSAPrivateKey._process_wide_key)
+    app, _db = hosted_elsewhere(settings, "revoked-login")
+    identity = tmp_path / "identity.key"
+    key = swarm_access.public_key_text(swarm_access.load_or_create_identity(identity))
+    with LiveServer(app) as server:
+        url, token = server.url, token_for(server.url)
+
+        def client() -> ApiClient:
+            return ApiClient(url, token, user_agent=USER_AGENT)
+
+        with client() as joining:
+            joined = joining.join(
+                "revoked-login", JoinRequest(device="cpu", client_version=__version__, peer_public_key=key)
+            )
+
+        def fetch_token():
+            with client() as renewing:
+                return renewing.swarm_token(joined, key)
+
+        def denied() -> set[str]:
+            with client() as polling:
+                return polling.denylist("revoked-login")
+
+        deny_list = DenyList(denied, interval=3600)  # polled by hand below
+        access = _Access(joined, identity, fetch_token, deny_list)
+        first = access.fetch()
+        deny_list._safe_read()
+        served = (access.refused, deny_list.refused)
+        with client() as leaving:
+            leaving.revoke_token()  # `swarmhub logout` on the volunteer's machine
+        deny_list._safe_read()
+        kept = access.fetch()
+        deny_list.close()
+    assert first.signature and served == (None, None)  # the control: a valid login is served
+    assert deny_list.refused is not None and deny_list.refused.exit_code == ExitCode.AUTH
+    assert access.refused is not None and access.refused.exit_code == ExitCode.AUTH
+    assert "run `swarmhub login` again" in access.refused.message
+    assert kept is first  # the current token still serves until training stops
+
+    # the server gone for now: no refusal, the last token and list stay
+    offline_access = _Access(joined, identity, fetch_token, DenyList(None))
+    offline_list = DenyList(denied, interval=3600)
+    offline_access.fetch()
+    offline_list.close()
+    assert offline_access.refused is None and offline_list.refused is None

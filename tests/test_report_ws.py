@@ -363,3 +363,31 @@ def test_a_report_that_cannot_be_stored_closes_the_socket_with_1011_and_is_not_a
     with client.websocket_connect(url(other_worker), headers=other_headers) as ws:  # the others go on
         ws.send_text(report(0))
         assert json.loads(ws.receive_text()) == {"type": "ack", "seq": 0}
+
+
+def test_a_socket_whose_login_is_revoked_is_closed_and_its_reconnect_refused(app, client, db, swarm, monkeypatch):
+    """A login revoked while its worker's report socket is open (a leaked token revoked on the account page, or
+    `swarmhub logout`): the socket checks the login again every ``login_recheck_seconds`` and closes (1008, saying to
+    log in again), and the reconnect is refused with 401, which stops the worker (the reporter's fatal error).
+    Without the check the open socket would store whatever the revoked token sends for as long as it stays open.
+    The other volunteer's socket goes on."""
+    monkeypatch.setattr(services(app).settings, "login_recheck_seconds", 0.3)
+    headers, worker_id = swarm["bob"]
+    other_headers, other_id = swarm["alice"]
+    with client.websocket_connect(url(other_id), headers=other_headers) as other:
+        with client.websocket_connect(url(worker_id), headers=headers) as ws:
+            ws.send_text(report(0))
+            assert json.loads(ws.receive_text()) == {"type": "ack", "seq": 0}
+            assert client.delete("/api/auth/token", headers=headers).status_code == 204
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_text()
+        time.sleep(0.7)  # more checks of the other login
+        other.send_text(report(0))
+        assert json.loads(other.receive_text()) == {"type": "ack", "seq": 0}
+    assert closed.value.code == 1008
+    assert "run `swarmhub login` again" in closed.value.reason
+    with pytest.raises(WebSocketDenialResponse) as refused:
+        with client.websocket_connect(url(worker_id), headers=headers):
+            pass
+    assert refused.value.status_code == 401
+    assert stored(db) == 2

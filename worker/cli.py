@@ -71,7 +71,7 @@ def main() -> None:
     Background:  swarmhub service install|start|stop|status|uninstall  (limits in config.toml)
     Exit codes:  0 ok, 1 unexpected error, 2 usage, 3 authentication, 4 unknown experiment,
                  5 server unreachable, 6 experiment not accepting volunteers, 7 clock off, 8 removed,
-                 130 Ctrl-C, 143 SIGTERM
+                 9 swarmhub too old for the hub's swarm, 130 Ctrl-C, 143 SIGTERM
     """
 
 

@@ -61,6 +61,9 @@ from .errors import (
 from .errors import (
     unknown_experiment as unknown_experiment,
 )
+from .errors import (
+    upgrade_required as upgrade_required,
+)
 from .protocol import (
     JOIN_REPORT_FIELDS,
     DenyListPublic,
@@ -200,6 +203,8 @@ class ApiClient:
             raise WorkerError(f"Not allowed: {detail or 'forbidden'}", ExitCode.AUTH)
         if status == 404 and slug is not None:
             raise unknown_experiment(slug, self.server_url)
+        if status == 426:
+            raise upgrade_required(detail)
         if status == 404:
             raise WorkerError(
                 f"{self.server_url} has no {response.request.url.path}: is it a swarmhub server? "

@@ -16,6 +16,8 @@ import os
 import threading
 from collections.abc import Callable
 
+from .errors import FINAL_REFUSALS, WorkerError
+
 logger = logging.getLogger(__name__)
 
 DENY_POLL_SECONDS = 5.0  # with the roster cache this bounds how long a banned volunteer is still served
@@ -37,6 +39,8 @@ class DenyList:
         self._pid: int | None = None  # the process whose own polling thread runs (a fallback in a forked child)
         self._seen = -1
         self._stop = threading.Event()
+        # The source refused for good (FINAL_REFUSALS: a worker's login revoked, say): its training stops with this.
+        self.refused: WorkerError | None = None
         if source is None:
             return
         context = multiprocessing.get_context("fork")
@@ -52,6 +56,11 @@ class DenyList:
     def _safe_read(self) -> set[str]:
         try:
             return set(self._source()) if self._source else set()
+        except WorkerError as exc:
+            if exc.exit_code in FINAL_REFUSALS:
+                self.refused = self.refused or exc
+            logger.warning("could not refresh the deny-list: %s", exc.message)
+            return set(self._denied)
         except Exception as exc:  # keep the last known list while the source is unreachable
             logger.warning("could not refresh the deny-list: %s", getattr(exc, "message", exc))
             return set(self._denied)

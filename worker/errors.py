@@ -17,8 +17,16 @@ class ExitCode(IntEnum):
     NOT_ACCEPTING = 6
     CLOCK = 7
     REMOVED = 8
+    UPGRADE = 9  # the hub's swarm needs a newer swarmhub than this one
     INTERRUPTED = 130
     TERMINATED = 143
+
+
+# What the server refuses for good while a worker trains: the volunteer's login revoked or expired (401) or not
+# allowed (403), the volunteer removed by the organizer, the experiment no longer running (409), or this worker too
+# old for the hub's swarm (426). Asking again changes nothing, and training on would last only until the peer's swarm
+# token expires, after which the other peers refuse it and its compute is wasted: the worker stops with the refusal.
+FINAL_REFUSALS = frozenset({ExitCode.AUTH, ExitCode.NOT_ACCEPTING, ExitCode.REMOVED, ExitCode.UPGRADE})
 
 
 class WorkerError(Exception):
@@ -42,6 +50,15 @@ def token_rejected() -> WorkerError:
 def unknown_experiment(slug: str, server: str) -> WorkerError:
     return WorkerError(
         f"No experiment {slug!r} on {server}: run `swarmhub experiments` to list them", ExitCode.NOT_FOUND
+    )
+
+
+def upgrade_required(detail: str) -> WorkerError:
+    """The hub's answer 426: its swarm speaks a newer protocol than this worker (``detail`` is the server's line,
+    which says to upgrade)."""
+    return WorkerError(
+        detail or "The hub's swarm needs a newer swarmhub: upgrade with `pip install -U swarmhub`, then join again",
+        ExitCode.UPGRADE,
     )
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import swarm_access
+from .errors import FINAL_REFUSALS, WorkerError
 from .protocol import JoinResponse, SwarmToken
 
 # Logged under the training module's name: one logger for everything `train` runs.
@@ -40,6 +41,7 @@ class _Access:
         lifetime = (expires - datetime.now(timezone.utc)) if expires else swarm_access.REFRESH_MARGIN
         self.margin = min(swarm_access.REFRESH_MARGIN, lifetime / 4)
         self._fetch_token = fetch_token
+        self.refused: WorkerError | None = None  # a renewal refused for good (FINAL_REFUSALS): training stops
         self._published: str | None = None
         self._lock = threading.Lock()
         self.authorizer = swarm_access.SwarmAuthorizer(
@@ -56,6 +58,12 @@ class _Access:
         if self._fetch_token is not None:
             try:
                 self.token = swarm_access.token_from_wire(self._fetch_token().model_dump())
+            except WorkerError as exc:
+                if exc.exit_code in FINAL_REFUSALS:
+                    logger.warning("the server refused to renew the swarm token: %s", exc.message)
+                    self.refused = self.refused or exc
+                else:  # unreachable or failing for now: the current token may still serve
+                    logger.warning("could not renew the swarm token: %s", exc.message)
             except Exception as exc:  # the server is unreachable for now: the current token may still serve
                 logger.warning("could not renew the swarm token: %s", getattr(exc, "message", exc))
         return self.token

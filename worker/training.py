@@ -55,8 +55,9 @@ _OPTIMIZERS = {
 
 def resolve_precision(name: str, device: torch.device) -> str:
     """The compute precision of the forward and backward passes: ``auto`` is bf16 on a CUDA device that
-    supports it, fp16 on other CUDA devices (with hivemind's GradScaler), fp32 on the CPU. Parameters,
-    gradients and everything the swarm averages stay fp32 whatever this is, so peers of mixed precision agree."""
+    supports it, fp16 on other CUDA devices (with PyTorch's GradScaler, in the training loop), fp32 on the CPU.
+    Parameters, gradients and everything the swarm averages stay fp32 whatever this is, so peers of mixed precision
+    agree."""
     if name == "auto":
         if device.type == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
@@ -229,6 +230,9 @@ def train(
         logger.info("overlap %s: training with %s on this machine", cfg.overlap.value, overlap.value)
     logger.info("training on %s, precision %s, overlap %s", torch_device, amp, overlap.value)
 
+    deny_list = swarm_access.DenyList(denied)
+    access = _Access(join, identity_path, fetch_token, deny_list)
+
     def should_stop() -> StopReason | None:
         if stop_event.is_set():
             return StopReason.stop_event
@@ -238,14 +242,16 @@ def train(
         if reporter is not None and reporter.fatal is not None:
             summary.fatal = reporter.fatal
             return StopReason.fatal
+        refused = access.refused or deny_list.refused  # the server refuses this worker for good (FINAL_REFUSALS)
+        if refused is not None:
+            summary.fatal = refused
+            return StopReason.fatal
         if max_steps is not None and summary.steps >= max_steps:
             return StopReason.max_steps
         if time.monotonic() >= deadline:
             return StopReason.max_minutes
         return None
 
-    deny_list = swarm_access.DenyList(denied)
-    access = _Access(join, identity_path, fetch_token, deny_list)
     dht = opt = None
     roster_stop, roster_keeper = threading.Event(), None
     with _AveragingWatcher() as watcher:

@@ -94,10 +94,28 @@ _MIN_VERSION = tuple(int(number) for number in MIN_WORKER_VERSION.split("."))
 def check_worker_version(client_version: str) -> None:
     """Refuse (426) a swarmhub worker too old to speak the swarm's protocol: its peer could not talk to any other.
     A client that names no version (a script of the API's own) is not a worker of ours, and is let through."""
+    _refuse_if_too_old(client_version, "join", "client_version")
+
+
+def _refuse_if_too_old(client_version: str, what: str, field: str) -> None:
     version = _version(client_version)
     if version is not None and version < _MIN_VERSION:
         raise UpgradeRequired(
-            f"swarmhub {client_version} cannot join this swarm (its peers need {MIN_WORKER_VERSION} or later): "
+            f"swarmhub {client_version} cannot {what} this swarm (its peers need {MIN_WORKER_VERSION} or later): "
             "upgrade with `pip install -U swarmhub`, then join again",
-            field="client_version",
+            field=field,
         )
+
+
+WORKER_AGENT = "swarmhub-worker/"  # the User-Agent every `swarmhub` command sends: swarmhub-worker/VERSION
+
+
+def check_running_worker(user_agent: str | None) -> None:
+    """Refuse (426) a swarmhub worker too old for the swarm what it asks while it trains (its swarm-token renewals and
+    deny-list polls): one that joined before the hub was upgraded to a newer protocol would otherwise stay in the
+    swarm, and every round it joined would fail for its whole group. These requests name no version of their own;
+    every worker's client has sent it in its User-Agent (``swarmhub-worker/VERSION``) since 0.1.0. A client that
+    sends another (a script of the API's own) is let through, as at join."""
+    if not user_agent or not user_agent.startswith(WORKER_AGENT):
+        return
+    _refuse_if_too_old(user_agent[len(WORKER_AGENT) :].split(" ", 1)[0][:32], "stay in", "User-Agent")

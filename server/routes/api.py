@@ -27,6 +27,7 @@ from swarmhub.worker.protocol import (
 from .. import accounts, device, experiments, metrics, quotas, swarm_view
 from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, api_token, reconcile_after_commit
 from ..errors import BadRequest, documented
+from ..experiments.joining import check_running_worker
 from ..ratelimit import limited, limited_per_account
 from ..security import StoredText
 from ..services import services
@@ -265,13 +266,21 @@ def join(
     )
 
 
-@router.post("/experiments/{slug}/swarm-token", response_model=SwarmToken, dependencies=SWARM_TOKEN_LIMITS)
+@router.post(
+    "/experiments/{slug}/swarm-token",
+    response_model=SwarmToken,
+    dependencies=SWARM_TOKEN_LIMITS,
+    responses=documented(426),
+)
 def refresh_swarm_token(
-    slug: str, body: SwarmTokenRequest, session: DB, user: CurrentUser, settings: AppSettings
+    slug: str, body: SwarmTokenRequest, session: DB, user: CurrentUser, settings: AppSettings, request: Request
 ) -> SwarmToken:
     """A fresh token for a peer key; refused once the experiment stops running. A key whose token is still valid
     is always renewed; a new one is refused as by the join (400, 409, 429), and the two routes share one budget of
-    60 tokens per account in 10 minutes."""
+    60 tokens per account in 10 minutes. A swarmhub worker older than the swarm's protocol needs (its User-Agent,
+    ``swarmhub-worker/VERSION``) is refused as at join (426, ``field: User-Agent``): it joined before the hub was
+    upgraded."""
+    check_running_worker(request.headers.get("user-agent"))
     experiment = experiments.get_visible(session, slug, user)
     return experiments.swarm_token(
         session, experiment, user, body.peer_public_key, timedelta(minutes=settings.swarm_token_minutes)
@@ -305,9 +314,11 @@ def swarm_peers(slug: str, session: DB, user: OrganizerUser, settings: AppSettin
     return swarm_view.view(session, experiment, settings.active_window_seconds)
 
 
-@router.get("/experiments/{slug}/denylist", response_model=DenyListPublic)
-def denylist(slug: str, session: DB, user: CurrentUser) -> DenyListPublic:
-    """Whom the swarm's peers must refuse; polled by every worker."""
+@router.get("/experiments/{slug}/denylist", response_model=DenyListPublic, responses=documented(426))
+def denylist(slug: str, session: DB, user: CurrentUser, request: Request) -> DenyListPublic:
+    """Whom the swarm's peers must refuse; polled by every worker (every 5 s). A swarmhub worker too old for the
+    swarm's protocol is refused as at join (426, ``field: User-Agent``): it stops within a poll of a hub upgrade."""
+    check_running_worker(request.headers.get("user-agent"))
     experiment = experiments.get_visible(session, slug, user)
     return DenyListPublic(usernames=experiments.banned_usernames(session, experiment))
 

@@ -1,7 +1,9 @@
 """Websockets: workers' metric reports in, live dashboard updates out.
 
 The report socket authenticates *before* accepting (bearer token + the worker run that the join
-created for this user and experiment), bounds and validates every message, hands it to the process's
+created for this user and experiment), checks the token again every ``login_recheck_seconds`` while it is open
+(a revoked or expired login closes it: the worker's reconnect then gets 401, and it stops), bounds and validates
+every message, hands it to the process's
 report writer (``ingestion.py``: batched transactions) while it reads on (at most MAX_IN_FLIGHT), and
 acknowledges the reports in order, cumulatively, by ``seq`` once they are committed, so the worker can re-send
 what was lost.
@@ -92,14 +94,17 @@ async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
     in_flight = _InFlight(MAX_IN_FLIGHT)
     reader = asyncio.ensure_future(_read_reports(websocket, app, worker_id, in_flight))
     acker = asyncio.ensure_future(_acknowledge(websocket, app, slug, in_flight))
+    login = asyncio.ensure_future(_recheck_login(websocket, app, token))
+    tasks = (reader, acker, login)
     try:
-        # Either ends the socket: the worker hung up or broke a rule (reports already queued are still stored,
-        # unacknowledged: the worker re-sends them and they count once), or the volunteer was removed.
-        await asyncio.wait({reader, acker}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (reader, acker):
+        # Any ends the socket: the worker hung up or broke a rule (reports already queued are still stored,
+        # unacknowledged: the worker re-sends them and they count once), the volunteer was removed, or the login
+        # was revoked.
+        await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
             if not task.done():
                 task.cancel()
-        for task in (reader, acker):
+        for task in tasks:
             try:
                 await task
             except ingestion.NotStored:
@@ -115,6 +120,31 @@ async def report(websocket: WebSocket, slug: str, worker_id: str = "") -> None:
             await websocket.close(INTERNAL_ERROR, "the server could not store a report: re-send it")
     finally:
         count_websocket(app, "report", -1)
+
+
+def _login_valid(app: Any, token: str | None) -> bool:
+    with services(app).sessionmaker.begin() as session:
+        try:
+            accounts.user_for_token(session, token)
+        except AppError:
+            return False
+    return True
+
+
+async def _recheck_login(websocket: WebSocket, app: Any, token: str | None) -> None:
+    """Close the socket once its login is no longer valid (revoked, say after a leak, or expired): what was
+    authorized at the handshake is asked again every ``login_recheck_seconds``."""
+    every = services(app).settings.login_recheck_seconds
+    while True:
+        await asyncio.sleep(every)
+        try:
+            valid = await run_in_threadpool(_login_valid, app, token)
+        except Exception as exc:  # the database is unavailable for now: the next check asks again
+            logger.warning("could not check a report socket's login: %r", exc)
+            continue
+        if not valid:
+            await websocket.close(POLICY_VIOLATION, "this login was revoked or expired: run `swarmhub login` again")
+            return
 
 
 async def _read_reports(websocket: WebSocket, app: Any, worker_id: str, in_flight: _InFlight) -> None:

@@ -24,6 +24,7 @@ from ..processes import (
 from ..processes import (
     SWARMHUB,
     descendants,
+    last_epoch,
     outlived,
     running_server,
     signup,
@@ -36,11 +37,14 @@ from ..processes import (
 pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(420)]  # see tests/lanes.py
 
 
-def launch_volunteers(url: str, tmp: Path, limit: list[str]) -> list[tuple[str, Any, subprocess.Popen]]:
-    """Two volunteers sign up, log in with the CLI and start `swarmhub join` with ``limit``, both logins first: the
-    joins start together (a login takes seconds on a busy machine, and the runs' overlap is what is asserted)."""
+def launch_volunteers(
+    url: str, tmp: Path, limit: list[str], names: tuple[str, ...] = ("ada", "grace")
+) -> list[tuple[str, Any, subprocess.Popen]]:
+    """Volunteers (two by default) sign up, log in with the CLI and start `swarmhub join` with ``limit``, all logins
+    first: the joins start together (a login takes seconds on a busy machine, and the runs' overlap is what is
+    asserted)."""
     envs = {}
-    for name in ("ada", "grace"):
+    for name in names:
         token = signup(url, name)
         env = {**os.environ, "SWARMHUB_CONFIG_DIR": str(tmp / name), "SWARMHUB_STATE_DIR": str(tmp / name)}
         env.pop("SWARMHUB_TOKEN", None)
@@ -170,4 +174,35 @@ def test_removed_volunteer_leaves_and_the_others_go_on(tmp_path):
     assert took < 3 * 20.0 + 15, took  # the README's bound: at most about three averaging timeouts + 15 s
     assert ada_still_training, outputs["ada"][-2000:]
     assert processes["ada"].returncode == 143, outputs["ada"][-2000:]
+    assert outlived(seen_children) == set()
+
+
+def test_a_worker_whose_login_is_revoked_stops_within_a_deny_list_poll(tmp_path):
+    """`swarmhub logout` on the volunteer's machine (which revokes the login's token on the server, as revoking it
+    on the account page does) while `swarmhub join` runs: its next deny-list poll (every 5 s) gets 401, and the worker
+    stops with the login line and exit code 3, instead of training on for up to an hour, until its swarm token
+    expires and the other peers shut it out. (Its token renewal would be refused the same way: test_cli_server.)
+    The server's own check of open report sockets (every 30 s by default, which would also stop it, through the
+    reporter's reconnect: test_report_ws) is set to an hour here, so that the worker's poll is what is tested."""
+    with running_server(tmp_path, login_recheck_seconds="3600") as (url, _):
+        start_experiment(url)
+        [(name, out, process)] = launch_volunteers(url, tmp_path, ["--max-minutes", "4"], names=("ada",))
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and process.poll() is None and last_epoch(tmp_path / "ada.out") < 1:
+            time.sleep(1)  # until it trains in the swarm (an epoch with the server's peer)
+        assert last_epoch(tmp_path / "ada.out") >= 1, (tmp_path / "ada.out").read_text()
+        env = {**os.environ, "SWARMHUB_CONFIG_DIR": str(tmp_path / name), "SWARMHUB_STATE_DIR": str(tmp_path / name)}
+        env.pop("SWARMHUB_TOKEN", None)
+        logout = subprocess.run([*SWARMHUB, "logout"], env=env, capture_output=True, text=True, timeout=60)
+        revoked_at = time.monotonic()
+        while process.poll() is None and time.monotonic() - revoked_at < 90:
+            time.sleep(0.5)
+        took = time.monotonic() - revoked_at
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)  # it trained on: the assertions below say so
+        seen_children, outputs = wait_volunteers([(name, out, process)], tmp_path)
+    assert logout.returncode == 0 and "token revoked on the server" in logout.stdout, logout.stdout + logout.stderr
+    assert process.returncode == 3, outputs["ada"][-2000:]
+    assert "Your token was rejected (revoked or expired): run `swarmhub login` again" in outputs["ada"]
+    assert took < 30, took  # a poll every 5 s, then the step in progress and hivemind's shutdown
     assert outlived(seen_children) == set()
