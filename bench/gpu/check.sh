@@ -11,9 +11,10 @@
 #    real server and witness on this machine) against a bare loop on the GPU, and overlap delayed-averaging
 #    against none for a GPU peer.
 #
-# Output goes to $OUT (the device tool's folder that comes back) or /tmp/gpu-check. DEVICE=cpu and
-# PYTHON=... rehearse it on a machine without a GPU (step 2 then in fp32); ROUNDS sets step 3's rounds (0 skips
-# it); QUICK_PRECISION step 2's precision.
+# It ends within one device call's limit of 10 minutes: on a 2-core CPU the set-up took 10 s and the quick run
+# 80 s, and 2 full rounds take about 240 s (3 took 335 s); its runs time out at 150 and 360 s. Output goes to $OUT (the device tool's folder that comes
+# back) or /tmp/gpu-check. DEVICE=cpu and PYTHON=... rehearse it on a machine without a GPU (step 2 then in fp32);
+# ROUNDS sets step 3's rounds (0 skips it); QUICK_PRECISION step 2's precision.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/gpu-check}"
@@ -61,7 +62,7 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,dr
 nproc | sed 's/^/cpus: /' | tee -a "$OUT/setup.txt"
 
 step "worker_overhead --quick --compare-overlap on $DEVICE in $QUICK_PRECISION"
-timeout 240 "$VENV/bin/python" bench/worker_overhead.py --device "$DEVICE" --precision "$QUICK_PRECISION" \
+timeout 150 "$VENV/bin/python" bench/worker_overhead.py --device "$DEVICE" --precision "$QUICK_PRECISION" \
     --compare-overlap --quick 2>&1 \
     | tee "$OUT/worker_overhead_quick.txt"
 quick=${PIPESTATUS[0]}
@@ -72,7 +73,7 @@ fi
 
 if [ "$ROUNDS" -gt 0 ]; then
     step "worker_overhead --compare-overlap --rounds $ROUNDS on $DEVICE"
-    timeout 480 "$VENV/bin/python" bench/worker_overhead.py --device "$DEVICE" --compare-overlap --rounds "$ROUNDS" \
+    timeout 360 "$VENV/bin/python" bench/worker_overhead.py --device "$DEVICE" --compare-overlap --rounds "$ROUNDS" \
         2>&1 | tee "$OUT/worker_overhead.txt"
     full=${PIPESTATUS[0]}
     [ "$full" -eq 0 ] || { echo "check.sh: the full run failed (exit $full)" >&2; exit 1; }
