@@ -7,7 +7,7 @@
 #    it with --no-deps, swarmhub installed editable as `make setup` does; the imports and the device checked.
 # 2. bench/worker_overhead.py --device cuda --compare-overlap --quick --precision fp16: a smoke run that fails fast
 #    (about 1 minute), in fp16 with PyTorch's GradScaler (what `auto` picks on a GPU without bf16: T4, V100).
-# 3. The same in full mode, 2 rounds, precision auto (bf16 on an H100; about 5 minutes): the worker (swarm of one,
+# 3. The same in full mode, 2 rounds, precision auto (bf16 on an H100; about 4 minutes): the worker (swarm of one,
 #    real server and witness on this machine) against a bare loop on the GPU, and overlap delayed-averaging
 #    against none for a GPU peer.
 #
