@@ -517,7 +517,15 @@ class BareLoop:
     bf16 or fp16, as the worker computes on a CUDA device), backward, an Adam step per batch, on ``device``.
     fp16 scales the loss with PyTorch's GradScaler, as the worker does."""
 
-    def __init__(self, hidden_size: int, batch_size: int, device: str = "cpu", precision: str = "fp32", seed: int = 0):
+    def __init__(
+        self,
+        hidden_size: int,
+        batch_size: int,
+        device: str = "cpu",
+        precision: str = "fp32",
+        seed: int = 0,
+        learning_rate: float = 1e-3,
+    ):
         import torch
 
         from swarmhub.worker.tasks import get_task
@@ -525,7 +533,7 @@ class BareLoop:
         self.device = torch.device(device)
         self.task = get_task("digits")({"hidden_size": hidden_size, "batch_size": batch_size})
         self.model = self.task.build_model().to(self.device)
-        self.adam = torch.optim.Adam(self.model.parameters())
+        self.adam = torch.optim.Adam(self.model.parameters(), lr=learning_rate)
         self.batches = self.task.batches(seed)
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None

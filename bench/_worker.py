@@ -301,6 +301,7 @@ def run_bare(cfg: dict[str, Any]) -> None:
         cfg.get("device", "cpu"),
         cfg.get("precision", "fp32"),
         seed=cfg.get("data_seed", 0),
+        learning_rate=cfg["learning_rate"],
     )
     samples = steps = 0
     last_report = time.monotonic()
