@@ -524,12 +524,9 @@ def test_the_gpu_check_carries_every_runtime_need_its_image_lacks(pyproject: dic
     from packaging.utils import canonicalize_name
 
     gpu = ROOT / "bench" / "gpu"
-    pinned = {
-        canonicalize_name(line.split("==", 1)[0])
-        for line in (gpu / "requirements.txt").read_text().splitlines()
-        if line and not line.startswith("#")
-    }
-    assert all("==" in line for line in (gpu / "requirements.txt").read_text().splitlines() if line and line[0] != "#")
+    pins = [line for line in (gpu / "requirements.txt").read_text().splitlines() if line and not line.startswith("#")]
+    assert all("==" in line for line in pins)
+    pinned = {canonicalize_name(line.split("==", 1)[0]) for line in pins}
     image = {
         canonicalize_name(name)
         for line in (gpu / "image-packages.txt").read_text().splitlines()

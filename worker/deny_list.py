@@ -56,13 +56,10 @@ class DenyList:
     def _safe_read(self) -> set[str]:
         try:
             return set(self._source()) if self._source else set()
-        except WorkerError as exc:
-            if exc.exit_code in FINAL_REFUSALS:
-                self.refused = self.refused or exc
-            logger.warning("could not refresh the deny-list: %s", exc.message)
-            return set(self._denied)
         except Exception as exc:  # keep the last known list while the source is unreachable
             logger.warning("could not refresh the deny-list: %s", getattr(exc, "message", exc))
+            if isinstance(exc, WorkerError) and exc.exit_code in FINAL_REFUSALS:
+                self.refused = self.refused or exc
             return set(self._denied)
 
     def close(self) -> None:

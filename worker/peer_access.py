@@ -58,14 +58,10 @@ class _Access:
         if self._fetch_token is not None:
             try:
                 self.token = swarm_access.token_from_wire(self._fetch_token().model_dump())
-            except WorkerError as exc:
-                if exc.exit_code in FINAL_REFUSALS:
-                    logger.warning("the server refused to renew the swarm token: %s", exc.message)
-                    self.refused = self.refused or exc
-                else:  # unreachable or failing for now: the current token may still serve
-                    logger.warning("could not renew the swarm token: %s", exc.message)
-            except Exception as exc:  # the server is unreachable for now: the current token may still serve
+            except Exception as exc:  # unreachable or failing for now: the current token may still serve
                 logger.warning("could not renew the swarm token: %s", getattr(exc, "message", exc))
+                if isinstance(exc, WorkerError) and exc.exit_code in FINAL_REFUSALS:
+                    self.refused = self.refused or exc
         return self.token
 
     def keep_published(self, dht: Any) -> None:

@@ -226,9 +226,8 @@ def train(
     parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
     overlap = choose_overlap(cfg.overlap, torch_device, parameters=parameters, bandwidth=bandwidth, auxiliary=auxiliary)
     summary.overlap = overlap.value
-    if overlap != cfg.overlap:
-        logger.info("overlap %s: training with %s on this machine", cfg.overlap.value, overlap.value)
-    logger.info("training on %s, precision %s, overlap %s", torch_device, amp, overlap.value)
+    chosen = f" (the experiment's {cfg.overlap.value})" if overlap != cfg.overlap else ""
+    logger.info("training on %s, precision %s, overlap %s%s", torch_device, amp, overlap.value, chosen)
 
     deny_list = swarm_access.DenyList(denied)
     access = _Access(join, identity_path, fetch_token, deny_list)
