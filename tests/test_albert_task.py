@@ -19,7 +19,14 @@ from swarmhub.server.corpus import builtin_text, prepare
 from swarmhub.worker.data import LocalCorpus, load_sequences
 from swarmhub.worker.optim import Lamb
 from swarmhub.worker.tasks import get_task
-from swarmhub.worker.tasks.albert import PRESETS, AlbertMLMTask, AlbertParams, CorpusNotAttached
+from swarmhub.worker.tasks.albert import (
+    PRESETS,
+    AlbertMLMTask,
+    AlbertParams,
+    CorpusNotAttached,
+    token_counts,
+    unigram_baseline,
+)
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 CPU = torch.device("cpu")
@@ -296,6 +303,39 @@ def unigram_loss(task: AlbertMLMTask, corpus: LocalCorpus) -> float:
     probabilities = (counts + 0.5) / (counts + 0.5).sum()
     _, _, labels = task._eval_batches()
     return float(-np.log(probabilities[labels[labels != -100].numpy()]).mean())
+
+
+def test_unigram_baseline_by_hand(tmp_path: Path) -> None:
+    # Two shards over a vocabulary of 8 with specials 0 and 1: token 2 nine times, 3 five, 4 three, 5 twice, 6 once.
+    np.save(tmp_path / "a.npy", np.array([[1, 2, 2, 2, 3, 3, 4, 0], [1, 2, 2, 3, 5, 6, 0, 0]], dtype=np.int32))
+    np.save(tmp_path / "b.npy", np.array([[1, 2, 2, 2, 2, 3, 3, 4], [1, 4, 5, 0, 0, 0, 0, 0]], dtype=np.int32))
+    counts = token_counts([tmp_path / "a.npy", tmp_path / "b.npy"], vocab_size=8)
+    assert counts.tolist() == [8, 4, 9, 5, 3, 2, 1, 0]
+
+    # add-one over the 6 ordinary tokens: 10, 6, 4, 3, 2, 1 out of 26; the top five are 2, 3, 4, 5, 6
+    baseline = unigram_baseline(counts, np.array([[2, -100, 2], [3, 7, -100]]), special_ids=[0, 1])
+    expected = -(2 * np.log(10 / 26) + np.log(6 / 26) + np.log(1 / 26)) / 4
+    assert baseline.cross_entropy == pytest.approx(expected)
+    assert baseline.top1 == 0.5  # the two 2s
+    assert baseline.top5 == 0.75  # all but the 7
+    assert baseline.labels == 4
+
+    with pytest.raises(ValueError, match="special"):
+        unigram_baseline(counts, np.array([1, 2]), special_ids=[0, 1])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        token_counts([tmp_path / "a.npy"], vocab_size=4)
+
+
+def test_the_unigram_baseline_of_the_held_out_masks(corpus: LocalCorpus) -> None:
+    task = tiny(corpus)
+    _, _, labels = task._eval_batches()
+    paths = [corpus.folder / shard["name"] for shard in corpus.manifest["shards"]]
+    counts = token_counts(paths, corpus.manifest["vocab_size"])
+    baseline = unigram_baseline(counts, labels.numpy(), corpus.manifest["special_tokens"].values())
+    assert baseline.labels == int((labels != -100).sum())
+    # add-one smoothing and the helper's add-half agree closely on a corpus this size
+    assert baseline.cross_entropy == pytest.approx(unigram_loss(task, corpus), abs=0.02)
+    assert 0 < baseline.top1 < baseline.top5 < 1
 
 
 @pytest.fixture(scope="module")
