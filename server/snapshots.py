@@ -26,6 +26,7 @@ def metrics_public(session: Session, experiment: Experiment, app: FastAPI) -> me
     return metrics.MetricsPublic(
         summary=metrics.summary(session, experiment, settings.active_window_seconds, swarm_peers),
         series=metrics.series(session, experiment),
+        baseline=training_data.baseline(session, experiment),
     )
 
 

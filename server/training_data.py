@@ -9,6 +9,7 @@ Files live under the data directory: ``corpora/<folder>`` (see ``corpus.prepare`
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import uuid
 from datetime import datetime
@@ -19,9 +20,12 @@ from pydantic import BaseModel, Field
 from sqlalchemy import event, select, update
 from sqlalchemy.orm import Session
 
+from swarmhub.worker import tasks
+from swarmhub.worker.data import LocalCorpus
 from swarmhub.worker.protocol import ExperimentStatus
+from swarmhub.worker.tasks import UnknownTask, get_task
 
-from . import corpus, experiments
+from . import corpus, experiments, metrics
 from .errors import BadRequest, Conflict, NotFound
 from .models import Checkpoint, Corpus, Experiment
 from .settings import Settings
@@ -58,6 +62,12 @@ class CorpusOptions(BaseModel):
 class CheckpointPublic(BaseModel):
     epoch: int = Field(description="The collaborative step the model was taken at")
     eval_loss: float | None = Field(description="Held-out loss of the model at that step")
+    eval_top1: float | None = Field(
+        default=None, description="Held-out accuracy: share of the masked tokens the model ranks first"
+    )
+    eval_top5: float | None = Field(
+        default=None, description="Share of the held-out masked tokens among the model's five most likely"
+    )
     created_at: datetime
     downloadable: bool = Field(description="Its files are still kept (the newest few are)")
     restored_from: int | None = Field(
@@ -181,9 +191,54 @@ def attach(
     row.train_sequences = manifest["train_sequences"]
     row.eval_sequences = manifest["eval_sequences"]
     row.next_shard = 0
+    found = measure_baseline(experiment, folder, manifest)
+    row.baseline_loss = found.cross_entropy if found is not None else None
+    row.baseline_top1 = found.top1 if found is not None else None
+    row.baseline_top5 = found.top5 if found is not None else None
     _after_transaction(session, remove_on_commit=old, remove_on_rollback=folder)
     session.flush()
     return row
+
+
+def measure_baseline(experiment: Experiment, folder: Path, manifest: dict[str, Any]) -> tasks.Baseline | None:
+    """The experiment's task's baseline on a freshly prepared corpus (every training shard read once: seconds for
+    the largest corpus the server takes), or None for a task without one."""
+    task = get_task(experiment.task)(experiment.task_params)
+    task.attach(LocalCorpus(folder))
+    return task.baseline([folder / shard["name"] for shard in manifest["shards"]])
+
+
+def baseline(session: Session, experiment: Experiment) -> metrics.Baseline | None:
+    """The reference line of the experiment's loss chart: the corpus's stored baseline for a task that keeps
+    checkpoints (measured on the held-out set), the task's own for one without a corpus; None otherwise."""
+    try:
+        task = get_task(experiment.task)
+    except UnknownTask:
+        return None
+    if task.needs_corpus:
+        row = session.get(Corpus, experiment.id)
+        if row is None or row.baseline_loss is None:
+            return None
+        on = "held-out" if task.keeps_checkpoints else "training"
+        return metrics.Baseline(
+            label=task.baseline_label,
+            measured_on=on,
+            loss=row.baseline_loss,
+            top1=row.baseline_top1,
+            top5=row.baseline_top5,
+        )
+    found = _corpus_free_baseline(experiment.task)
+    if found is None:
+        return None
+    return metrics.Baseline(
+        label=task.baseline_label, measured_on="training", loss=found.cross_entropy, top1=found.top1, top5=found.top5
+    )
+
+
+@functools.cache
+def _corpus_free_baseline(task_name: str) -> tasks.Baseline | None:
+    # A task without a corpus measures its baseline on data it ships, the same for every experiment: once a process.
+    return get_task(task_name)().baseline()
 
 
 def _after_transaction(session: Session, *, remove_on_commit: Path | None, remove_on_rollback: Path) -> None:
@@ -245,13 +300,19 @@ def record_checkpoint(
     eval_loss: float | None,
     folder: str,
     restored_from: int | None = None,
+    *,
+    eval_top1: float | None = None,
+    eval_top5: float | None = None,
 ) -> Checkpoint:
-    """Remember a checkpoint the checkpoint peer finished, and prune the files of all but the newest few."""
+    """Remember a checkpoint the checkpoint peer finished (its held-out loss and accuracy), and prune the files of
+    all but the newest few."""
     row = session.scalar(select(Checkpoint).where(Checkpoint.experiment_id == experiment.id, Checkpoint.epoch == epoch))
     if row is None:
         row = Checkpoint(experiment_id=experiment.id, epoch=epoch)
         session.add(row)
     row.eval_loss = eval_loss
+    row.eval_top1 = eval_top1
+    row.eval_top5 = eval_top5
     row.folder = folder
     row.restored_from = restored_from
     row.kept = True
@@ -279,6 +340,8 @@ def checkpoints(session: Session, experiment: Experiment, limit: int = 500) -> l
         CheckpointPublic(
             epoch=r.epoch,
             eval_loss=r.eval_loss,
+            eval_top1=r.eval_top1,
+            eval_top5=r.eval_top5,
             created_at=r.created_at,
             downloadable=r.kept,
             restored_from=r.restored_from,

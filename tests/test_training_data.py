@@ -16,6 +16,9 @@ from sqlalchemy import select
 from swarmhub.server import training_data
 from swarmhub.server.models import Corpus, Experiment
 from swarmhub.server.snapshots import dashboard_snapshot
+from swarmhub.worker.data import LocalCorpus
+from swarmhub.worker.tasks import available_tasks, get_task
+from swarmhub.worker.tasks.albert import AlbertMLMTask, token_counts, unigram_baseline
 
 from .conftest import DOCSTRING_BYTES, api_token, csrf_from, login, make_experiment, make_user
 from .support import SMALL, corpora_on_disk
@@ -65,6 +68,67 @@ def test_an_uploaded_text_is_prepared_and_the_experiment_can_start(client, db, s
     # Running workers stream these shards: the text cannot change under them.
     busy = put_text(client, headers, docstrings)
     assert busy.status_code == 409 and busy.json()["field"] == "source"
+
+
+@pytest.mark.parametrize("masking", ["whole-word", "token"])
+def test_preparing_the_text_stores_the_unigram_baseline_of_the_held_out_masks(
+    client, db, settings, docstrings, masking
+):
+    alice = make_user(db)
+    make_experiment(db, alice, slug="albert-run", task="albert-mlm", task_params={"size": "tiny", "masking": masking})
+    headers = api_token(client)
+    metrics = client.get("/api/experiments/albert-run/metrics", headers=headers)
+    assert metrics.json()["baseline"] is None  # no text, no baseline
+    assert put_text(client, headers, docstrings).status_code == 200
+
+    # The same numbers from the prepared folder by hand: counts over every shard, the model's own held-out masks.
+    row = stored(db, "albert-run")
+    folder = training_data.corpus_folder(settings, row)
+    local = LocalCorpus(folder)
+    task = AlbertMLMTask({"size": "tiny", "masking": masking})
+    task.attach(local)
+    counts = token_counts([folder / s["name"] for s in local.manifest["shards"]], local.manifest["vocab_size"])
+    _, _, labels = task._eval_batches()  # the positions evaluate() scores
+    expected = unigram_baseline(counts, labels.numpy(), local.manifest["special_tokens"].values())
+    assert (row.baseline_loss, row.baseline_top1, row.baseline_top5) == (
+        expected.cross_entropy,
+        expected.top1,
+        expected.top5,
+    )
+    assert 0 < expected.top1 < expected.top5 < 1 and expected.cross_entropy > 1
+
+    baseline = client.get("/api/experiments/albert-run/metrics", headers=headers).json()["baseline"]
+    assert baseline == {
+        "label": "knows only token frequencies",
+        "measured_on": "held-out",
+        "loss": expected.cross_entropy,
+        "top1": expected.top1,
+        "top5": expected.top5,
+    }
+
+
+@pytest.mark.parametrize("task_name", sorted(available_tasks()))
+def test_every_task_has_a_baseline_on_its_dashboard(client, db, settings, docstrings, task_name):
+    alice = make_user(db)
+    make_experiment(db, alice, slug="run", status="paused", task=task_name, task_params={})
+    if get_task(task_name).needs_corpus:
+        assert put_text(client, api_token(client), docstrings, slug="run").status_code == 200
+    baseline = client.get("/api/experiments/run/metrics").json()["baseline"]
+    assert baseline["label"] == get_task(task_name).baseline_label != ""
+    assert baseline["measured_on"] == ("held-out" if get_task(task_name).keeps_checkpoints else "training")
+    assert baseline["loss"] > 0 and 0 < baseline["top1"] < 1
+    # The live snapshot carries the same, for the chart's reference line.
+    with db() as session:
+        experiment = session.scalar(select(Experiment).where(Experiment.slug == "run"))
+        assert dashboard_snapshot(session, experiment, client.app)["metrics"]["baseline"] == baseline
+
+
+def test_the_digits_baseline_is_its_class_prior():
+    baseline = get_task("digits")().baseline()
+    # scikit-learn's digits: 1,797 samples, the most frequent digit (3) 183 times, every digit about a tenth
+    assert baseline.labels == 1797
+    assert baseline.top1 == pytest.approx(183 / 1797)
+    assert baseline.cross_entropy == pytest.approx(2.3025, abs=1e-3)  # nearly ln 10: the digits are balanced
 
 
 @pytest.mark.parametrize(
@@ -268,12 +332,14 @@ def test_checkpoints_are_listed_pruned_and_the_newest_downloads(client, db, sett
             (folder / "model").mkdir(parents=True)
             with zipfile.ZipFile(folder / "model.zip", "w") as archive:
                 archive.writestr("config.json", json.dumps({"step": epoch}))
-            training_data.record_checkpoint(session, settings, experiment, epoch, loss, f"run/{epoch:010d}")
+            training_data.record_checkpoint(
+                session, settings, experiment, epoch, loss, f"run/{epoch:010d}", eval_top1=epoch / 100, eval_top5=0.5
+            )
     listed = client.get("/api/experiments/albert-run/checkpoints").json()
-    assert [(c["epoch"], c["eval_loss"], c["downloadable"]) for c in listed] == [
-        (3, 6.5, False),
-        (7, 5.25, True),
-        (12, 4.0, True),
+    assert [(c["epoch"], c["eval_loss"], c["eval_top1"], c["eval_top5"], c["downloadable"]) for c in listed] == [
+        (3, 6.5, 0.03, 0.5, False),
+        (7, 5.25, 0.07, 0.5, True),
+        (12, 4.0, 0.12, 0.5, True),
     ]
     assert not (root / "run" / f"{3:010d}").exists() and (root / "run" / f"{7:010d}").exists()
     download = client.get("/api/experiments/albert-run/model")
@@ -285,7 +351,7 @@ def test_checkpoints_are_listed_pruned_and_the_newest_downloads(client, db, sett
     with db() as session:
         experiment = session.scalar(select(Experiment).where(Experiment.slug == "albert-run"))
         snapshot = dashboard_snapshot(session, experiment, client.app)
-    assert [c["epoch"] for c in snapshot["checkpoints"]] == [3, 7, 12]
+    assert [(c["epoch"], c["eval_top1"]) for c in snapshot["checkpoints"]] == [(3, 0.03), (7, 0.07), (12, 0.12)]
 
 
 ROLES = {"admin": "root", "anonymous": None, "volunteer": "vera", "other-organizer": "otto", "organizer": "olga"}

@@ -22,11 +22,12 @@ from .board import (
     leaderboard_page,
 )
 from .common import BUCKET_WIDTHS, among, device_class
-from .dashboard import SERIES_POINTS, MetricsPublic, SeriesPoint, Summary, series, summary
+from .dashboard import SERIES_POINTS, Baseline, MetricsPublic, SeriesPoint, Summary, series, summary
 from .store import ingest, ingest_many
 
 __all__ = [
     "BUCKET_WIDTHS",
+    "Baseline",
     "CLAIM_SLACK",
     "KEYS_ONLY_FROM",
     "LEADERBOARD_LIMIT",

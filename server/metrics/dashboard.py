@@ -4,9 +4,9 @@ workers) and its loss/throughput series, read from the time buckets the write pa
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import BigInteger, Integer, Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
@@ -38,9 +38,23 @@ class Summary(BaseModel):
     swarm_peers: int | None  # what the server's own peer sees in the DHT, when it runs
 
 
+class Baseline(BaseModel):
+    """What a model that knows only how often each label occurs scores: the reference a trained model must beat,
+    drawn on the dashboard's loss chart. For a task with a held-out set (albert-mlm: the unigram model of the
+    training shards on the held-out masked positions) it is measured where the checkpoints' held-out loss is;
+    otherwise (digits: the class prior) on the data the training loss is measured on."""
+
+    label: str = Field(description="What the baseline model knows, as the dashboard's reference line says")
+    measured_on: Literal["held-out", "training"] = Field(description="The loss it compares with")
+    loss: float = Field(description="Its cross-entropy in nats, comparable with the loss")
+    top1: float | None = Field(description="Share of labels it predicts right: the most frequent label's share")
+    top5: float | None = Field(description="Share of labels among its five most frequent")
+
+
 class MetricsPublic(BaseModel):
     summary: Summary
     series: list[SeriesPoint]
+    baseline: Baseline | None = None
 
 
 def _summary_statement() -> Select[Any]:

@@ -27,6 +27,11 @@ class Corpus(Base):
     train_sequences: Mapped[int] = mapped_column(BigInteger)
     eval_sequences: Mapped[int] = mapped_column(Integer)
     next_shard: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The unigram baseline on the held-out masked positions (the task's ``baseline``), computed when the text is
+    # prepared; NULL for a corpus prepared before it was kept.
+    baseline_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    baseline_top1: Mapped[float | None] = mapped_column(Float, nullable=True)
+    baseline_top5: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -41,6 +46,8 @@ class Checkpoint(Base):
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
     epoch: Mapped[int] = mapped_column(BigInteger)
     eval_loss: Mapped[float | None] = mapped_column(Float)
+    eval_top1: Mapped[float | None] = mapped_column(Float, nullable=True)  # held-out accuracy: the label ranked first
+    eval_top5: Mapped[float | None] = mapped_column(Float, nullable=True)  # ... among the five most likely
     folder: Mapped[str] = mapped_column(String(200))
     kept: Mapped[bool] = mapped_column(Boolean, default=True)  # False once its files were pruned
     restored_from: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # a rollback's first checkpoint

@@ -8,10 +8,11 @@ It joins the experiment's swarm as the server's own peer (a token it signs itsel
 nothing, and every ``interval_seconds``:
 
 1. pulls the collaborative state (weights, optimizer statistics, step) from the swarm when the swarm is ahead;
-2. when the step moved since its last checkpoint, measures the held-out loss (``Task.evaluate``), and writes
+2. when the step moved since its last checkpoint, measures the held-out loss and accuracy (``Task.measure``), and writes
    ``<checkpoints>/<epoch>/``: ``state.pt`` (to resume from), ``model/`` and ``model.zip`` (``Task.export``:
    for albert-mlm the transformers format) and ``info.json``; the folder appears whole (renamed into place);
-3. prints ``{"event": "checkpoint", "epoch": E, "eval_loss": L, "folder": "<run_id>/<epoch>"}`` for the server.
+3. prints ``{"event": "checkpoint", "epoch": E, "eval_loss": L, "eval_top1": A1, "eval_top5": A5, "folder":
+   "<run_id>/<epoch>"}`` for the server.
 
 At start it loads the newest checkpoint on disk, so a swarm that emptied (or a server that restarted) goes on
 from there: this peer shares that state, and the next volunteer to join loads it from this peer instead of
@@ -201,7 +202,10 @@ class Keeper:
         import torch
 
         epoch = int(opt.local_epoch)
-        eval_loss = task.evaluate(model, torch.device("cpu"))
+        measured = task.measure(model, torch.device("cpu"))
+        eval_loss = measured.loss if measured is not None else None
+        top1 = measured.top1 if measured is not None else None
+        top5 = measured.top5 if measured is not None else None
         name = f"{epoch:010d}"
         final = self.folder / name
         tmp = self.folder / f".{name}.{os.getpid()}.tmp"
@@ -220,6 +224,8 @@ class Keeper:
                 "epoch": epoch,
                 "schedule_step": step,
                 "eval_loss": eval_loss,
+                "eval_top1": top1,
+                "eval_top5": top5,
                 "time": time.time(),
                 "restored_from": restored_from,
             }
@@ -230,7 +236,16 @@ class Keeper:
             shutil.rmtree(tmp, ignore_errors=True)
         self.saved_epoch = epoch
         loss = eval_loss if eval_loss is None or eval_loss == eval_loss else None  # NaN is not JSON
-        emit(Checkpoint(epoch=epoch, eval_loss=loss, folder=f"{self.run_id}/{name}", restored_from=restored_from))
+        emit(
+            Checkpoint(
+                epoch=epoch,
+                eval_loss=loss,
+                eval_top1=top1,
+                eval_top5=top5,
+                folder=f"{self.run_id}/{name}",
+                restored_from=restored_from,
+            )
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,9 @@ class Checkpoint(_Event):
     epoch: int
     eval_loss: float | None = None
     folder: str
+    # Shares of the held-out labels the model ranks first / among its five most likely (None: the task has none).
+    eval_top1: float | None = Field(default=None, ge=0.0, le=1.0)
+    eval_top5: float | None = Field(default=None, ge=0.0, le=1.0)
     restored_from: int | None = None  # the checkpoint a rollback restored, when this one is its copy
 
 

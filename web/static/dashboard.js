@@ -20,23 +20,29 @@
     return Math.round(s / 3600) + " h ago";
   }
 
-  function drawChart(id, label, color, xs, ys) {
+  // reference: null or {label, value}, drawn as a dashed line across the chart (a baseline to beat)
+  function drawChart(id, label, color, xs, ys, reference) {
     const el = document.getElementById(id);
     el.dataset.points = String(xs.length);
+    el.dataset.reference = reference ? String(reference.value) : "";
     if (typeof uPlot === "undefined") {
       el.textContent = "Charts need uPlot: run `make setup` on the server.";
       return;
     }
     const data = [xs, ys];
+    if (reference) data.push(xs.map(function () { return reference.value; }));
+    if (charts[id] && charts[id].series.length !== data.length) { charts[id].destroy(); delete charts[id]; }
     if (!charts[id]) {
+      const series = [{}, { label: label, stroke: color, width: 2 }];
+      if (reference) series.push({ label: reference.label, stroke: "#7f8c8d", width: 1.5, dash: [6, 4] });
       const opts = {
         width: Math.max(300, el.clientWidth || 600), height: 220,
-        series: [{}, { label: label, stroke: color, width: 2 }],
+        series: series,
         axes: [{}, {}],
       };
       charts[id] = new uPlot(opts, data, el);
       window.addEventListener("resize", function () {
-        charts[id].setSize({ width: Math.max(300, el.clientWidth), height: 220 });
+        if (charts[id]) charts[id].setSize({ width: Math.max(300, el.clientWidth), height: 220 });
       });
     } else {
       charts[id].setData(data);
@@ -122,20 +128,46 @@
     const status = document.getElementById("status");
     status.textContent = s.status; status.className = "status status-" + s.status;
     const xs = m.series.map(function (p) { return p.t; });
-    drawChart("chart-loss", "loss", "#c0392b", xs, m.series.map(function (p) { return p.loss; }));
+    drawChart("chart-loss", "loss", "#c0392b", xs, m.series.map(function (p) { return p.loss; }),
+      onTraining ? reference() : null);
     drawChart("chart-sps", "samples/s", "#2471a3", xs, m.series.map(function (p) { return p.samples_per_second; }));
     renderLeaderboard(snapshot.leaderboard);
     if (snapshot.checkpoints) renderCheckpoints(snapshot.checkpoints);
   }
 
-  // The server's checkpoints: held-out loss over time, and the newest model to download.
+  function percent(share) {
+    return share === null || share === undefined ? "–" : fmt(100 * share, 1) + " %";
+  }
+
+  // The baseline (GET /api/experiments/{slug}/metrics, "baseline"): what a model that knows only how often each
+  // label occurs scores, as a dashed line on the chart its loss compares with and as words under it.
+  let baseline = null;
+  function reference() {
+    return baseline ? { label: "baseline: " + baseline.label, value: baseline.loss } : null;
+  }
+  function renderBaseline(id) {
+    const el = document.getElementById(id);
+    if (!el) return;
+    el.hidden = !baseline;
+    if (!baseline) return;
+    el.querySelector(".baseline-label").textContent = baseline.label;
+    el.querySelector(".baseline-loss").textContent = fmt(baseline.loss, 3);
+    el.querySelector(".baseline-top1").textContent = percent(baseline.top1);
+    el.querySelector(".baseline-top5").textContent = percent(baseline.top5);
+  }
+
+  // The server's checkpoints: held-out loss and accuracy over time, and the newest model to download.
   const evalBox = document.getElementById("checkpoints");
   function renderCheckpoints(rows) {
     if (!evalBox) return;
     const scored = rows.filter(function (c) { return c.eval_loss !== null; });
     drawChart("chart-eval", "held-out loss", "#7d3c98",
       scored.map(function (c) { return Date.parse(c.created_at) / 1000; }),
-      scored.map(function (c) { return c.eval_loss; }));
+      scored.map(function (c) { return c.eval_loss; }), onHeldOut ? reference() : null);
+    const newest = scored.length ? scored[scored.length - 1] : null;
+    document.getElementById("eval-stat-loss").textContent = newest ? fmt(newest.eval_loss, 3) : "–";
+    document.getElementById("eval-stat-top1").textContent = newest ? percent(newest.eval_top1) : "–";
+    document.getElementById("eval-stat-top5").textContent = newest ? percent(newest.eval_top5) : "–";
     const kept = rows.filter(function (c) { return c.downloadable; });
     const latest = kept.length ? kept[kept.length - 1] : null;
     document.getElementById("model-download").hidden = !latest;
@@ -153,6 +185,9 @@
         fetch("/api/experiments/" + slug + "/metrics").then(function (r) { return r.json(); }),
         fetch("/api/experiments/" + slug + "/leaderboard").then(function (r) { return r.json(); }),
       ]);
+    baseline = m.baseline || null;
+    const onTraining = baseline && (baseline.measured_on === "training" || !evalBox);
+    renderBaseline(onTraining ? "loss-baseline" : "eval-baseline");
       const checkpoints = evalBox
         ? await fetch("/api/experiments/" + slug + "/checkpoints").then(function (r) { return r.json(); })
         : null;
@@ -165,6 +200,7 @@
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
     const ws = new WebSocket(proto + "//" + location.host + "/ws/experiments/" + slug + "/live");
     const state = document.getElementById("live-state");
+    const onHeldOut = baseline && baseline.measured_on === "held-out";
     ws.onopen = function () {
       backoff = 1000; state.textContent = "live";
       if (pollTimer) { clearInterval(pollTimer); pollTimer = null; }

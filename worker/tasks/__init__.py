@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..protocol import DEFAULT_PLANNED_PEERS, SettingsProposal, propose
 
@@ -55,6 +55,28 @@ class TaskData(Protocol):
         """Endless: local paths of the training shards this worker takes, one after another. The server hands
         shards out in turn, so the swarm covers the corpus before any shard repeats."""
         ...
+
+
+class Evaluation(BaseModel):
+    """A model measured on the task's held-out set: ``loss`` (the training loss's measure, for example nats of
+    cross-entropy) and, for a task that predicts classes or tokens, the share of held-out labels it ranks first
+    (``top1``) or among its five most likely (``top5``)."""
+
+    loss: float
+    top1: float | None = None
+    top5: float | None = None
+
+
+class Baseline(BaseModel):
+    """What a model that knows only how often each label occurs scores: the loss (``cross_entropy``, in nats) and
+    the accuracy (``top1``, ``top5``) a trained model must beat, measured on ``labels`` samples."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cross_entropy: float = Field(ge=0.0)
+    top1: float = Field(ge=0.0, le=1.0)
+    top5: float | None = Field(default=None, ge=0.0, le=1.0)
+    labels: int = Field(ge=0, description="How many labels it was measured on")
 
 
 class Task(ABC):
@@ -135,6 +157,20 @@ class Task(ABC):
 
     def evaluate(self, model: torch.nn.Module, device: torch.device) -> float | None:
         """The held-out loss of ``model`` (the same samples every call), or None where the task has none."""
+        return None
+
+    def measure(self, model: torch.nn.Module, device: torch.device) -> Evaluation | None:
+        """``evaluate``'s loss with the held-out accuracy where the task has one (what the checkpoint peer
+        records); by default the loss alone."""
+        loss = self.evaluate(model, device)
+        return None if loss is None else Evaluation(loss=loss)
+
+    # The dashboard's words for the baseline's reference line: what the baseline model knows.
+    baseline_label: ClassVar[str] = ""
+
+    def baseline(self, shard_paths: Iterable[Path] = ()) -> Baseline | None:
+        """What a model that knows only the labels' frequencies scores, on the samples the dashboard's loss is
+        measured on (``shard_paths``: the training shards, for a task that trains on a corpus), or None."""
         return None
 
     def export(self, model: torch.nn.Module, folder: Path) -> None:

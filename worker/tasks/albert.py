@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from . import Task
+from . import Baseline, Evaluation, Task
 
 if TYPE_CHECKING:
     import torch
@@ -113,17 +113,12 @@ class AlbertParams(BaseModel):
         return self
 
 
-class UnigramBaseline(BaseModel):
+class UnigramBaseline(Baseline):
     """How well a model that knows only token frequencies predicts the held-out masked tokens: the reference a
     trained model must beat. ``cross_entropy`` is in nats, like the held-out loss; ``top1`` and ``top5`` are the
     shares of the labels that are the most frequent token, or among the five most frequent."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    cross_entropy: float = Field(ge=0.0)
-    top1: float = Field(ge=0.0, le=1.0)
     top5: float = Field(ge=0.0, le=1.0)
-    labels: int = Field(ge=0, description="How many held-out positions it was measured on")
 
 
 def token_counts(shard_paths: Iterable[Path], vocab_size: int) -> np.ndarray:
@@ -191,6 +186,7 @@ class AlbertMLMTask(Task):
     proposed_matchmaking_time = 5.0
     proposed_averaging_timeout = 60.0
     proposed_min_target_batch_size = 4096
+    baseline_label = "knows only token frequencies"
 
     def __init__(self, params: BaseModel | dict[str, Any] | None = None):
         super().__init__(params)
@@ -285,6 +281,11 @@ class AlbertMLMTask(Task):
         """
         import torch
 
+        inputs, attention, labels = self.masked_arrays(sequences, rng)
+        return torch.from_numpy(inputs), torch.from_numpy(attention), torch.from_numpy(labels)
+
+    def masked_arrays(self, sequences: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+        """``masked_batch`` as numpy arrays, without torch (the server masks the held-out set for its baseline)."""
         ids = np.asarray(sequences, dtype=np.int64)
         vocab = self._vocabulary()
         maskable = ~vocab.special[ids]
@@ -308,7 +309,7 @@ class AlbertMLMTask(Task):
         inputs[randomised] = rng.choice(vocab.ordinary, size=int(randomised.sum()))
         labels = np.where(chosen, ids, IGNORE)
         attention = (ids != vocab.pad_id).astype(np.int64)
-        return torch.from_numpy(inputs), torch.from_numpy(attention), torch.from_numpy(labels)
+        return inputs, attention, labels
 
     def batches(self, seed: int) -> Iterator[Any]:
         from ..data import load_sequences
@@ -352,33 +353,59 @@ class AlbertMLMTask(Task):
             self._eval = self.masked_batch(sequences, np.random.default_rng(EVAL_SEED))
         return self._eval
 
+    def eval_labels(self) -> np.ndarray:
+        """The held-out labels ``evaluate`` scores (the token ids at the masked positions, -100 elsewhere), from
+        the same fixed masking; numpy only, for the server's baseline."""
+        from ..data import load_sequences
+
+        sequences = load_sequences(self._corpus().file("eval.npy"))
+        return self.masked_arrays(sequences, np.random.default_rng(EVAL_SEED))[2]
+
     def evaluate(self, model: torch.nn.Module, device: torch.device) -> float:
         """The mean masked-token loss on the corpus's held-out sequences, with the same masked positions (and
         replacements) every call."""
+        return self.measure(model, device).loss
+
+    def measure(self, model: torch.nn.Module, device: torch.device) -> Evaluation:
+        """``evaluate``'s loss and, on the same masked positions, the share of labels the model ranks first
+        (``top1``) or among its five most likely tokens (``top5``)."""
         import torch
 
         input_ids, attention_mask, labels = self._eval_batches()
         was_training = model.training
         model.eval()
-        total, count = 0.0, 0
+        total, count, top1, top5 = 0.0, 0, 0, 0
         try:
             with torch.no_grad():
                 for start in range(0, len(input_ids), EVAL_BATCH):
                     part = slice(start, start + EVAL_BATCH)
-                    batch_labels = labels[part].to(device)
+                    batch_labels = labels[part].to(device).flatten()
                     logits = model(
                         input_ids=input_ids[part].to(device), attention_mask=attention_mask[part].to(device)
-                    ).logits
+                    ).logits.flatten(0, 1)
                     # A sum over tokens, so batches with more masked tokens weigh more: the mean over all of them.
                     total += float(
                         torch.nn.functional.cross_entropy(
-                            logits.flatten(0, 1).float(), batch_labels.flatten(), ignore_index=IGNORE, reduction="sum"
+                            logits.float(), batch_labels, ignore_index=IGNORE, reduction="sum"
                         )
                     )
-                    count += int((batch_labels != IGNORE).sum())
+                    scored = batch_labels != IGNORE
+                    count += int(scored.sum())
+                    best = logits[scored].topk(min(5, logits.shape[-1]), dim=-1).indices
+                    hits = best == batch_labels[scored].unsqueeze(-1)
+                    top1 += int(hits[:, 0].sum())
+                    top5 += int(hits.any(dim=-1).sum())
         finally:
             model.train(was_training)
-        return total / max(count, 1)
+        count = max(count, 1)
+        return Evaluation(loss=total / count, top1=top1 / count, top5=top5 / count)
+
+    def baseline(self, shard_paths: Iterable[Path] = ()) -> UnigramBaseline:
+        """The unigram model of the training shards (``shard_paths``: all of the corpus's) on the held-out masked
+        positions (``evaluate``'s). Reads every shard: the server computes it once, when it prepares the corpus."""
+        manifest = self._corpus().manifest
+        counts = token_counts(shard_paths, len(self._vocabulary().special))
+        return unigram_baseline(counts, self.eval_labels(), manifest["special_tokens"].values())
 
     def export(self, model: torch.nn.Module, folder: Path) -> None:
         """A transformers model folder (safetensors) with the corpus's tokenizer: ``AlbertForMaskedLM`` and

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import Task
+from . import Baseline, Task
 
 if TYPE_CHECKING:  # the server validates a task's parameters without torch; workers import it when they train
     import torch
@@ -39,6 +40,7 @@ class DigitsTask(Task):
     params: DigitsParams
 
     proposed_matchmaking_time = 2.0  # a small vector: rounds are short, so peers can meet more often
+    baseline_label = "knows only how often each digit occurs"
 
     @property
     def batch_size(self) -> int:
@@ -77,6 +79,19 @@ class DigitsTask(Task):
             for start in range(0, len(order) - size + 1, size):
                 index = order[start : start + size]
                 yield features[index], labels[index]
+
+    def baseline(self, shard_paths: Iterable[Path] = ()) -> Baseline:
+        """The class prior on the data set the training loss is measured on: its cross-entropy is the entropy of
+        the digits' frequencies, its top-1 accuracy that of always guessing the most frequent digit."""
+        import numpy as np
+        from sklearn.datasets import load_digits
+
+        counts = np.bincount(load_digits().target, minlength=10)
+        shares = np.sort(counts / counts.sum())[::-1]
+        entropy = float(-(shares[shares > 0] * np.log(shares[shares > 0])).sum())
+        return Baseline(
+            cross_entropy=entropy, top1=float(shares[0]), top5=float(shares[:5].sum()), labels=int(counts.sum())
+        )
 
     def loss(self, model: torch.nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
         import torch
