@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -156,9 +157,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(pages.router)
 
     @app.get("/healthz", tags=["ops"])
-    def healthz() -> dict[str, str]:
+    def healthz(request: Request, detail: bool = False) -> dict[str, Any]:
+        """``ok`` when the database answers. ``?detail=1`` adds, for operators, the state of the peer processes this
+        server process runs for each experiment (``swarm.supervision.PeerState``); ``degraded`` names each one that is
+        not running (the answer stays 200: the web side is healthy, and a restart of the process would not help).
+        The detail needs the metrics token where one is set, as ``/metrics`` does."""
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
-        return {"status": "ok"}
+        if not detail:
+            return {"status": "ok"}
+        observability.check_metrics_token(request, settings.metrics_token or None)
+        hosted = swarm.all_peer_states().items()
+        peers = {run_id: [s.model_dump(mode="json") for s in states] for run_id, states in hosted}
+        down = [f"{run_id}/{s['kind']}" for run_id, states in peers.items() for s in states if s["state"] != "running"]
+        return {"status": "degraded" if down else "ok", "not_running": down, "server_peers": peers}
 
     return app

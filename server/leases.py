@@ -79,6 +79,16 @@ def publish(session: Session, run_id: str, holder: str, maddrs: list[str], peers
     )
 
 
+def publish_peer_states(session: Session, run_id: str, holder: str, states: list[dict[str, object]]) -> None:
+    """The holder's peer processes for ``run_id`` (``swarm.supervision.PeerState`` as JSON)."""
+    session.execute(
+        update(SwarmLease)
+        .where(SwarmLease.run_id == run_id, SwarmLease.holder == holder)
+        .values(server_peers=states)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def release(session: Session, run_ids: list[str], holder: str) -> None:
     """Give leases up (the experiment stopped, or this process shuts down): another may take them at once."""
     if run_ids:

@@ -56,7 +56,8 @@ class Metrics:
 
 
 class _SwarmCollector(Collector):
-    """Peers each experiment's monitor sees in its swarm, read when scraped."""
+    """Peers each experiment's monitor sees in its swarm, and the state of the server's own peer processes, read
+    when scraped."""
 
     def __init__(self, swarm: SwarmHost):
         self.swarm = swarm
@@ -70,6 +71,23 @@ class _SwarmCollector(Collector):
         for run_id, peers in self.swarm.peer_counts().items():
             family.add_metric([run_id], peers)
         yield family
+        up = GaugeMetricFamily(
+            "swarmhub_server_peer_up",
+            "1 while the server's peer process (kind: monitor, witness, checkpoints) of a run is running, 0 while it "
+            "waits to be restarted",
+            labels=["run_id", "kind"],
+        )
+        restarts = GaugeMetricFamily(
+            "swarmhub_server_peer_restarts",
+            "How many times the server's peer process of a run was started again",
+            labels=["run_id", "kind"],
+        )
+        for run_id, states in self.swarm.all_peer_states().items():
+            for state in states:
+                up.add_metric([run_id, state.kind], 1.0 if state.state == "running" else 0.0)
+                restarts.add_metric([run_id, state.kind], float(state.restarts))
+        yield up
+        yield restarts
 
 
 class RequestMetrics:
@@ -100,6 +118,14 @@ class RequestMetrics:
             self.metrics.latency.labels(template).observe(time.perf_counter() - started)
 
 
+def check_metrics_token(request: Request, token: str | None) -> None:
+    """What operators' endpoints (``/metrics``, ``/healthz?detail=1``) ask for where the operator set a token."""
+    if token:
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise NotAuthenticated("this server's metrics need its metrics token")
+
+
 def install(app: FastAPI, token: str | None, swarm: SwarmHost) -> Metrics:
     """The request counters and ``GET /metrics`` (behind ``token`` when one is set); returns the registry's
     metrics, kept in the app's services."""
@@ -110,10 +136,7 @@ def install(app: FastAPI, token: str | None, swarm: SwarmHost) -> Metrics:
 
     @app.get("/metrics", tags=["ops"], include_in_schema=False)
     def prometheus(request: Request) -> Response:
-        if token:
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), token.encode()):
-                raise NotAuthenticated("this server's metrics need its metrics token")
+        check_metrics_token(request, token)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return metrics

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, aliased
 
 from .metrics.common import _active_since, current_time, device_class
 from .models import Experiment, SwarmFlag, SwarmPeer, User, WorkerRun
+from .swarm.supervision import PeerState
 
 
 class SwarmPeerRow(BaseModel):
@@ -70,10 +71,18 @@ class SwarmView(BaseModel):
     window_seconds: int = Field(description="A peer is in the swarm when the monitor read it within this window")
     generated_at: datetime
     peers: list[SwarmPeerRow]
+    server_peers: list[PeerState] = Field(
+        default_factory=list,
+        description="The server's own peer processes for the experiment (monitor, witness, checkpoints): running or "
+        "restarting, how often restarted, and the last error. A witness that is not running credits no one.",
+    )
 
 
-def view(session: Session, experiment: Experiment, window_seconds: int) -> SwarmView:
-    """The experiment's peers now in the swarm, by volunteer then peer ID; two statements whatever their number."""
+def view(
+    session: Session, experiment: Experiment, window_seconds: int, server_peers: list[PeerState] | None = None
+) -> SwarmView:
+    """The experiment's peers now in the swarm, by volunteer then peer ID; two statements whatever their number.
+    ``server_peers``: the server's own peer processes for it (``SwarmCoordinator.peer_states``)."""
     since = _active_since(window_seconds)
     in_window = and_(SwarmPeer.experiment_id == experiment.id, SwarmPeer.last_seen >= since)
     flags = (
@@ -127,7 +136,12 @@ def view(session: Session, experiment: Experiment, window_seconds: int) -> Swarm
             row = peers[peer.peer_id] = _row(peer, username, own, since, devices, rates)
         if reason is not None:
             row.flags[reason] = int(times)
-    return SwarmView(window_seconds=window_seconds, generated_at=current_time(), peers=list(peers.values()))
+    return SwarmView(
+        window_seconds=window_seconds,
+        generated_at=current_time(),
+        peers=list(peers.values()),
+        server_peers=server_peers or [],
+    )
 
 
 def _row(

@@ -259,3 +259,23 @@ def test_leaderboard_ranks_verified_work_and_flags_implausible_claims_for_the_or
     summary = client.get("/api/experiments/ledger/metrics").json()["summary"]
     assert (summary["verified_samples"], summary["total_samples"]) == (188, 50_422)
     assert metrics.device_class("cuda:1") == "cuda"
+
+
+def test_a_claim_is_flagged_however_fast_the_claimer_signs_its_own_records(db, client):
+    """A modified worker signs whatever rate it likes in its own progress records: over many short epochs that rate
+    once excused any claim as "the monitor's unseen tail" (1,000,000 samples claimed, none verified, no flag)."""
+    organizer, mallory = make_user(db, "olga"), make_user(db, "mallory")
+    experiment = make_experiment(db, organizer, slug="ledger", status="running")  # target batch 128
+    with db.begin() as session:
+        exp = session.get(experiments.Experiment, experiment.id)
+        worker = experiments.start_worker_run(session, exp, session.merge(mallory), "cpu").id
+    now = utcnow()
+    ts = now.timestamp()
+    # 60 epochs of records signed at a million samples a second, with a few samples each; no round witnessed.
+    for epoch in range(1, 61):
+        feed(db, experiment.id, [observation("mallory", "QmM", epoch, 5, ts + epoch, sps=1e6)], now)
+    report(client, api_token(client, "mallory"), worker, 0, 1_000_000, 100.0)
+    board = client.get("/api/experiments/ledger/leaderboard", headers=api_token(client, "olga")).json()
+    (row,) = board
+    assert (row["username"], row["samples"], row["claimed_samples"]) == ("mallory", 0, 1_000_000)
+    assert any("claims 1,000,000 samples" in flag for flag in row["flags"]), row

@@ -125,3 +125,5 @@ class SwarmLease(Base):
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     maddrs: Mapped[list[str]] = mapped_column(JSON, default=list)  # the bootstrap addresses, once it listens
     peers: Mapped[int | None] = mapped_column(Integer, nullable=True)  # what its monitor saw last
+    # The holder's peer processes for the run (``swarm.supervision.PeerState`` as JSON), as of its last reconcile.
+    server_peers: Mapped[list[dict[str, object]] | None] = mapped_column(JSON, nullable=True)

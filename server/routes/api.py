@@ -307,11 +307,15 @@ def unban_volunteer(slug: str, username: StoredText, session: DB, user: Organize
 
 
 @router.get("/experiments/{slug}/swarm", response_model=swarm_view.SwarmView)
-def swarm_peers(slug: str, session: DB, user: OrganizerUser, settings: AppSettings) -> swarm_view.SwarmView:
+def swarm_peers(
+    slug: str, session: DB, user: OrganizerUser, settings: AppSettings, request: Request
+) -> swarm_view.SwarmView:
     """The peers now in the swarm (read by the monitor within the active window), each with its volunteer, rates,
-    newest witnessed round and flags (organizer and administrators only: it names every volunteer's peers)."""
+    newest witnessed round and flags, and the state of the server's own peers for it (organizer and administrators
+    only: it names every volunteer's peers)."""
     experiment = experiments.get_managed(session, slug, user)
-    return swarm_view.view(session, experiment, settings.active_window_seconds)
+    states = services(request.app).coordinator.peer_states(session, experiments.run_id(experiment))
+    return swarm_view.view(session, experiment, settings.active_window_seconds, states)
 
 
 @router.get("/experiments/{slug}/denylist", response_model=DenyListPublic, responses=documented(426))

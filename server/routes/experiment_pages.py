@@ -211,7 +211,10 @@ def _dashboard(
 ) -> Response:
     can_manage = experiments.can_manage(experiment, user)
     needs_corpus = experiments.needs_corpus(experiment)
-    swarm = swarm_view.view(session, experiment, settings.active_window_seconds) if can_manage else None
+    swarm = None
+    if can_manage:
+        states = services(request.app).coordinator.peer_states(session, experiments.run_id(experiment))
+        swarm = swarm_view.view(session, experiment, settings.active_window_seconds, states)
     fastest = max((peer.peak_samples_per_second for peer in swarm.peers), default=0.0) if swarm else 0.0
     context = {
         "experiment": experiment,

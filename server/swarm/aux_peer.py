@@ -6,9 +6,10 @@ Run as its own process by ``SwarmHost`` (hivemind objects must never cross a ``s
         [--port 0]
 
 It joins the experiment's swarm like a volunteer started with ``swarmhub join --aux``: it computes no
-gradients and lends the server's link to every averaging round. Its swarm token is one it signs itself, as
-``swarmhub``, with the experiment's key (like the bootstrap peer). It leaves the swarm cleanly on SIGTERM,
-SIGINT, or when its stdin closes (the server went away).
+gradients and lends the server's link to every averaging round. For a task that trains on a corpus it reads the
+corpus's manifest and tokenizer in place (the model's shape comes from them), never its shards. Its swarm token
+is one it signs itself, as ``swarmhub``, with the experiment's key (like the bootstrap peer). It leaves the swarm
+cleanly on SIGTERM, SIGINT, or when its stdin closes (the server went away).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 
 from .events import AuxConfig, Ready, Stopped
-from .process import ServerPeerAccess, companion_arguments, emit, stop_event
+from .process import ServerPeerAccess, companion_arguments, emit, run, stop_event
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,9 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_event()
 
     from swarmhub.server.settings import tcp_maddr
+    from swarmhub.worker.data import LocalCorpus
     from swarmhub.worker.training import train
 
     config = AuxConfig.model_validate_json(Path(args.config).read_text())
+    # It computes nothing, but builds the task's model: for a task that trains on a corpus, its shape (vocabulary,
+    # sequence length) is in the corpus's manifest, which the server's peers read in place.
+    corpus = LocalCorpus(Path(config.corpus)) if config.corpus else None
     access = ServerPeerAccess.load(config.run_id, args.signing_key_file, Path(args.identity), args.token_minutes)
     emit({"event": "joining", "run_id": config.run_id})
     summary = train(
@@ -43,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         fetch_token=access.mint_wire,
         denied=access.denied,
         stop_event=stop,
+        corpus=corpus,
         on_joined=lambda peer_id, maddrs: emit(Ready(peer_id=peer_id, maddrs=maddrs)),
     )
     emit(Stopped(epoch=summary.epoch))
@@ -50,4 +56,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

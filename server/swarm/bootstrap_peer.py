@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .events import Ready
-from .process import emit
+from .process import emit, run
 
 
 class MonitorRoster:
@@ -281,4 +281,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .events import Checkpoint, KeeperConfig, Keeping, Ready, RestoreFailed, Stopped
-from .process import ServerPeerAccess, companion_arguments, emit, stop_event
+from .process import ServerPeerAccess, companion_arguments, emit, run, stop_event
 
 logger = logging.getLogger("swarmhub.checkpoint_peer")
 # A rolled-back state is shared this many epochs past the newest the swarm shows: a volunteer training on its own
@@ -284,4 +284,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))

@@ -112,10 +112,11 @@ def companion_log(folder: Path, run_id: str, kind: str) -> Path:
     return folder / f"{run_id}.{kind}.log"
 
 
-def write_aux_config(folder: Path, run_id: str, experiment: dict[str, Any], initial_peers: list[str]) -> None:
-    """The auxiliary peer's config: the experiment's config and where the swarm is."""
-    config = AuxConfig.model_validate({"run_id": run_id, "experiment": experiment, "initial_peers": initial_peers})
-    companion_config(folder, run_id, AUX).write_text(config.model_dump_json())
+def write_aux_config(folder: Path, run_id: str, config: dict[str, Any], initial_peers: list[str]) -> None:
+    """The auxiliary peer's config: ``config`` (the experiment's config and its corpus folder) and where the swarm
+    is."""
+    aux = AuxConfig.model_validate({**config, "run_id": run_id, "initial_peers": initial_peers})
+    companion_config(folder, run_id, AUX).write_text(aux.model_dump_json())
 
 
 def write_keeper_config(

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -25,6 +26,7 @@ from ..models import Corpus, Experiment, utcnow
 from ..settings import Settings
 from . import events as peer_events
 from .host import HostedSwarm, SwarmHost
+from .supervision import PeerState
 
 logger = logging.getLogger("swarmhub.server")
 
@@ -104,33 +106,58 @@ class SwarmCoordinator:
                 run_id: (
                     e.signing_key,
                     experiments.banned_usernames(session, e),
-                    experiments.to_config(e).model_dump(mode="json") if e.aux_peer else None,
+                    self.aux_config(session, e) if e.aux_peer else None,
                     self.keeper_config(session, e),
                 )
                 for run_id, e in running.items()
                 if run_id in held
             }
 
+    def aux_config(self, session: Session, experiment: Experiment) -> dict[str, Any]:
+        """What the auxiliary peer (the witness) needs: the experiment's config and, for a task that trains on a
+        corpus, the corpus folder (the model's shape is in its manifest)."""
+        config = experiments.to_config(experiment).model_dump(mode="json")
+        return {"experiment": config, "corpus": self._corpus(session, experiment)}
+
+    def _corpus(self, session: Session, experiment: Experiment) -> str | None:
+        corpus = session.get(Corpus, experiment.id)
+        return str(training_data.corpus_folder(self.settings, corpus)) if corpus is not None else None
+
     def keeper_config(self, session: Session, experiment: Experiment) -> dict[str, Any] | None:
         """What the checkpoint peer needs, for a task that keeps checkpoints."""
         if not experiments.keeps_checkpoints(experiment):
             return None
-        corpus = session.get(Corpus, experiment.id)
         return {
             "experiment": experiments.to_config(experiment).model_dump(mode="json"),
-            "corpus": str(training_data.corpus_folder(self.settings, corpus)) if corpus is not None else None,
+            "corpus": self._corpus(session, experiment),
             "interval_seconds": experiment.checkpoint_minutes * 60,
             "restore": rollback.restore_order(experiment),  # written to the peer's restore file at every reconcile
         }
 
     def publish_hosted(self) -> None:
-        """Tell the other processes (and joins anywhere) where this process's bootstrap peers listen."""
+        """Tell the other processes (and joins anywhere) where this process's bootstrap peers listen, and how its
+        peer processes for each run are."""
         with self.sessions.begin() as session:
+            for run_id, states in self.swarm.all_peer_states().items():
+                dumped = [state.model_dump(mode="json") for state in states]
+                leases.publish_peer_states(session, run_id, self.instance, dumped)
             for run_id in self.swarm.hosted():
                 # Not before the checkpoint peer is in: the first volunteer would otherwise start from scratch.
                 maddrs = self.swarm.maddrs(run_id) if not self.swarm.keeper_pending(run_id) else []
                 if maddrs:
                     leases.publish(session, run_id, self.instance, maddrs, self.swarm.swarm_peers(run_id))
+
+    def peer_states(self, session: Session, run_id: str) -> list[PeerState]:
+        """The server's peer processes for ``run_id``: this process's own view when it hosts them, else what the
+        holder of its lease published at its last reconcile (empty when no process hosts the run)."""
+        if run_id in self.swarm.hosted():
+            return self.swarm.peer_states(run_id)
+        lease = leases.current(session, run_id)
+        states = []
+        for item in (lease.server_peers or []) if lease is not None else []:
+            with contextlib.suppress(ValidationError):
+                states.append(PeerState.model_validate(item))
+        return states
 
     # -- what the server's peers report (called from their reader threads) ---------------------------------------
 

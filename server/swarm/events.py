@@ -3,7 +3,8 @@ between ``SwarmHost`` and the processes it runs, defined once.
 
 The bootstrap peer says ``ready`` and then ``progress`` about once a second; a companion (aux or checkpoint peer)
 says ``ready`` once it is in the swarm and ``stopped`` when it leaves; the checkpoint peer also says ``keeping``
-(it is in the swarm with its state), ``checkpoint`` (it saved one) and ``restore-failed``. The lists a progress
+(it is in the swarm with its state), ``checkpoint`` (it saved one) and ``restore-failed``. Any of them says
+``failed`` (with its error) just before it exits on an error. The lists a progress
 event carries (``contributors``, ``rounds``, ``flags``) stay raw here: the ledger validates each item
 (``contributions.parse``, ``witnessed.parse_rounds``, ``witnessed.parse_flags``), dropping a malformed one alone.
 """
@@ -59,11 +60,18 @@ class Checkpoint(_Event):
     event: Literal["checkpoint"] = "checkpoint"
     epoch: int
     eval_loss: float | None = None
-    folder: str
     # Shares of the held-out labels the model ranks first / among its five most likely (None: the task has none).
     eval_top1: float | None = Field(default=None, ge=0.0, le=1.0)
     eval_top5: float | None = Field(default=None, ge=0.0, le=1.0)
+    folder: str
     restored_from: int | None = None  # the checkpoint a rollback restored, when this one is its copy
+
+
+class Failed(_Event):
+    """A peer process's last words before it exits with an error: the host shows them as its ``last_error``."""
+
+    event: Literal["failed"] = "failed"
+    error: str
 
 
 class RestoreFailed(_Event):
@@ -72,7 +80,9 @@ class RestoreFailed(_Event):
     reason: str
 
 
-PeerEvent = Annotated[Ready | Progress | Stopped | Keeping | Checkpoint | RestoreFailed, Field(discriminator="event")]
+PeerEvent = Annotated[
+    Ready | Progress | Stopped | Keeping | Checkpoint | RestoreFailed | Failed, Field(discriminator="event")
+]
 _EVENTS: TypeAdapter[PeerEvent] = TypeAdapter(PeerEvent)
 
 
@@ -90,6 +100,9 @@ class AuxConfig(BaseModel):
     run_id: str
     experiment: ExperimentConfig
     initial_peers: list[str]
+    # The experiment's prepared corpus folder, for a task that trains on one: the auxiliary peer computes nothing,
+    # but the model's shape (vocabulary, sequence length) comes from the corpus's manifest.
+    corpus: str | None = None
 
 
 class KeeperConfig(AuxConfig):
@@ -97,5 +110,4 @@ class KeeperConfig(AuxConfig):
 
     folder: str  # where it saves: data_dir/checkpoints/<run_id>
     interval_seconds: float
-    corpus: str | None = None  # the experiment's text, for a task that trains on one
     restore_file: str | None = None  # where the server writes the organizer's rollbacks

@@ -30,7 +30,8 @@ from typing import Any
 from ..settings import tcp_maddr
 from . import commands as peer_commands
 from . import peer_logs
-from .events import Checkpoint, Keeping, Progress, Ready, parse
+from .events import Checkpoint, Failed, Keeping, Progress, Ready, parse
+from .supervision import PeerKind, PeerState, Supervision
 
 logger = logging.getLogger("swarmhub.swarm")
 KEEPER_WAIT_SECONDS = 180.0  # joins wait this long at most for a starting checkpoint peer
@@ -71,12 +72,13 @@ class SwarmHost:
         self.ports = ports  # None: random ports
         self.announce_host = announce_host if ports is not None else ""  # hivemind announces known ports only
         self._peers: dict[str, Peer] = {}
-        self._aux: dict[str, subprocess.Popen[bytes]] = {}  # run_id -> the server's auxiliary peer, when asked for
+        self._aux: dict[str, subprocess.Popen[str]] = {}  # run_id -> the server's auxiliary peer, when asked for
         self._aux_ports: dict[str, int] = {}
         self._keepers: dict[str, subprocess.Popen[str]] = {}  # run_id -> the checkpoint peer, for tasks that keep them
         self._keeper_ports: dict[str, int] = {}
         self._keeper_ready: set[str] = set()  # run_ids whose checkpoint peer is in the swarm with its state
         self._keeper_started: dict[str, float] = {}
+        self._supervision: dict[tuple[str, PeerKind], Supervision] = {}  # restarts, backoff and last error
         self._short_of_ports: set[str] = set()  # run_ids whose peer found no free port (logged once)
         self._lock = threading.Lock()
         # Called (in the peer's reader thread) with each progress event: the verified-contribution ledger.
@@ -91,9 +93,12 @@ class SwarmHost:
             if isinstance(event, Ready):
                 peer.maddrs = event.maddrs
                 peer.ready.set()
+                self._supervised(peer.run_id, "monitor").in_swarm = True
                 logger.info("swarm peer for %s listening on %s", peer.run_id, peer.maddrs)
                 if self.on_ready is not None:
                     self.on_ready(peer.run_id)
+            elif isinstance(event, Failed):
+                self._supervised(peer.run_id, "monitor").failed_with(event.error)
             elif isinstance(event, Progress):
                 peer.progress = event
                 if self.on_progress is not None:
@@ -129,12 +134,69 @@ class SwarmHost:
     def _network(self) -> peer_commands.Network:
         return peer_commands.Network(self.host, self.token_minutes, self.announce_host)
 
+    # -- supervision ----------------------------------------------------------------------------------------------
+
+    def _supervised(self, run_id: str, kind: PeerKind) -> Supervision:
+        record = self._supervision.get((run_id, kind))
+        if record is None:
+            record = self._supervision[(run_id, kind)] = Supervision(kind)
+        return record
+
+    def _may_start(self, run_id: str, kind: PeerKind) -> bool:
+        """Whether a peer process that is not running may be started now (call with the lock held): not before the
+        backoff of its last exit has passed."""
+        return self._supervised(run_id, kind).may_start()
+
+    def _watch(
+        self,
+        run_id: str,
+        kind: PeerKind,
+        process: subprocess.Popen[Any],
+        current: Callable[[], subprocess.Popen[Any] | None],
+        reader: threading.Thread | None = None,
+    ) -> None:
+        """Record ``process``'s start and, in a thread, its exit: unless the host stopped it on purpose (it is no
+        longer ``current()``), the exit starts its backoff. What it forked (hivemind's DHT and averagers, p2pd) is
+        in its process group: a peer that died is not left with orphans holding its port and its pipes."""
+        record = self._supervised(run_id, kind)
+        record.started()
+
+        def wait() -> None:
+            code = process.wait()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            if reader is not None:
+                reader.join(timeout=2)  # its last words (a ``failed`` event) first
+            with self._lock:
+                if current() is process:
+                    record.exited(code, run_id)
+
+        threading.Thread(target=wait, daemon=True, name=f"wait-{kind}-{run_id}").start()
+
+    def peer_states(self, run_id: str) -> list[PeerState]:
+        """The state of each peer process this host runs (or restarts) for ``run_id``."""
+        with self._lock:
+            records = [self._supervision[key] for key in sorted(self._supervision) if key[0] == run_id]
+            return [record.state() for record in records]
+
+    def all_peer_states(self) -> dict[str, list[PeerState]]:
+        """run_id -> :meth:`peer_states`, for every experiment this host runs peers for."""
+        return {run_id: self.peer_states(run_id) for run_id in sorted({key[0] for key in list(self._supervision)})}
+
+    def _forget(self, run_id: str, kind: PeerKind) -> None:
+        self._supervision.pop((run_id, kind), None)
+
+    # -- the peers ---------------------------------------------------------------------------------------------
+
     def start(self, run_id: str, signing_key: str) -> Peer | None:
-        """Run the experiment's bootstrap + monitor peer unless it runs; None when no port is free."""
+        """Run the experiment's bootstrap + monitor peer unless it runs (or waits out its backoff); None when no
+        port is free."""
         with self._lock:
             peer = self._peers.get(run_id)
             if peer is not None and peer.process.poll() is None:
                 return peer
+            if not self._may_start(run_id, "monitor"):
+                return None
             port = self._take_port(run_id, "swarm peer")
             if port is None:
                 return None
@@ -149,7 +211,9 @@ class SwarmHost:
             )
             peer = Peer(run_id=run_id, process=process, port=port)
             self._peers[run_id] = peer
-            threading.Thread(target=self._read, args=(peer,), daemon=True, name=f"peer-{run_id}").start()
+            reader = threading.Thread(target=self._read, args=(peer,), daemon=True, name=f"peer-{run_id}")
+            reader.start()
+            self._watch(run_id, "monitor", process, lambda: _process_of(self._peers.get(run_id)), reader)
             logger.info("started swarm peer for %s (pid %s)", run_id, process.pid)
             return peer
 
@@ -163,30 +227,57 @@ class SwarmHost:
         peer = self._peers.get(run_id)
         if (process is not None and process.poll() is None) or peer is None or not peer.ready.is_set():
             return None
+        if not self._may_start(run_id, "witness" if running is self._aux else "checkpoints"):
+            return None
         port = self._take_port(run_id, what)
         if port is None:
             return None
         return (self._local_maddrs(peer) if self.announce_host else peer.maddrs), port
 
-    def start_aux(self, run_id: str, experiment: dict[str, Any]) -> None:
-        """Run the experiment's auxiliary peer (``aux_peer.py``) once its bootstrap peer is ready."""
+    def start_aux(self, run_id: str, config: dict[str, Any]) -> None:
+        """Run the experiment's auxiliary peer (``aux_peer.py``, the swarm's witness) once its bootstrap peer is
+        ready. ``config``: the experiment's config and its corpus folder (``events.AuxConfig``)."""
         with self._lock:
             slot = self._companion_slot(run_id, self._aux, "auxiliary peer")
             if slot is None:
                 return
             initial_peers, port = slot
             folder = peer_commands.peers_folder(self.data_dir)
-            peer_commands.write_aux_config(folder, run_id, experiment, initial_peers)
+            peer_commands.write_aux_config(folder, run_id, config, initial_peers)
             cmd = peer_commands.companion_command("aux_peer", folder, run_id, peer_commands.AUX, self._network, port)
-            process = subprocess.Popen(
-                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            assert process.stdout is not None
-            log = peer_commands.companion_log(folder, run_id, peer_commands.AUX)
-            peer_logs.copy_to_log(process.stdout, log, self.log_max_bytes)
+            process = self._popen_companion(cmd, peer_commands.companion_log(folder, run_id, peer_commands.AUX))
             self._aux[run_id] = process
             self._aux_ports[run_id] = port
-            logger.info("started the auxiliary peer for %s (pid %s)", run_id, self._aux[run_id].pid)
+            reader = threading.Thread(
+                target=self._read_companion, args=(run_id, "witness", process), daemon=True, name=f"aux-{run_id}"
+            )
+            reader.start()
+            self._watch(run_id, "witness", process, lambda: self._aux.get(run_id), reader)
+            logger.info("started the auxiliary peer for %s (pid %s)", run_id, process.pid)
+
+    def _popen_companion(self, cmd: list[str], log: Path) -> subprocess.Popen[str]:
+        """A companion peer: its events on stdout (text), its log (stderr) copied into ``log``, capped."""
+        process = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        stderr: Any = process.stderr  # text mode (stdout carries its events); the log is copied as bytes
+        peer_logs.copy_to_log(stderr.buffer, log, self.log_max_bytes)
+        return process
+
+    def _read_companion(self, run_id: str, kind: PeerKind, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            event = parse(line)
+            if isinstance(event, Failed):
+                self._supervised(run_id, kind).failed_with(event.error)
+            elif isinstance(event, Ready):
+                self._supervised(run_id, kind).in_swarm = True
+                logger.info("the %s peer of %s is in the swarm as %s", kind, run_id, event.peer_id)
 
     def start_keeper(self, run_id: str, config: dict[str, Any]) -> None:
         """Run the experiment's checkpoint peer (``checkpoint_peer.py``) once its bootstrap peer is ready.
@@ -202,30 +293,27 @@ class SwarmHost:
             peer_commands.write_keeper_config(self.data_dir, run_id, config, initial_peers, checkpoints)
             kind = peer_commands.CHECKPOINTS
             cmd = peer_commands.companion_command("checkpoint_peer", folder, run_id, kind, self._network, port)
-            process = subprocess.Popen(
-                cmd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-            stderr: Any = process.stderr  # text mode (stdout carries its events); the log is copied as bytes
-            peer_logs.copy_to_log(stderr.buffer, peer_commands.companion_log(folder, run_id, kind), self.log_max_bytes)
+            process = self._popen_companion(cmd, peer_commands.companion_log(folder, run_id, kind))
             self._keepers[run_id] = process
             self._keeper_ports[run_id] = port
             self._keeper_ready.discard(run_id)
             self._keeper_started[run_id] = time.monotonic()
-            threading.Thread(
+            reader = threading.Thread(
                 target=self._read_keeper, args=(run_id, process), daemon=True, name=f"keeper-{run_id}"
-            ).start()
+            )
+            reader.start()
+            self._watch(run_id, "checkpoints", process, lambda: self._keepers.get(run_id), reader)
             logger.info("started the checkpoint peer for %s (pid %s)", run_id, process.pid)
 
     def _read_keeper(self, run_id: str, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
         for line in process.stdout:
             event = parse(line)
-            if isinstance(event, Keeping):
+            if isinstance(event, Failed):
+                self._supervised(run_id, "checkpoints").failed_with(event.error)
+            elif isinstance(event, Ready):
+                self._supervised(run_id, "checkpoints").in_swarm = True
+            elif isinstance(event, Keeping):
                 self._keeper_ready.add(run_id)
                 logger.info("the checkpoint peer of %s is in the swarm at step %s", run_id, event.epoch)
                 if self.on_ready is not None:
@@ -240,6 +328,7 @@ class SwarmHost:
         with self._lock:
             process = self._keepers.pop(run_id, None)
             self._keeper_ports.pop(run_id, None)
+            self._forget(run_id, "checkpoints")
         if process is not None:
             _terminate(process, timeout)
             logger.info("stopped the checkpoint peer for %s", run_id)
@@ -262,13 +351,17 @@ class SwarmHost:
         peer_ids = {m.rsplit("/p2p/", 1)[1] for m in peer.maddrs if "/p2p/" in m}
         return [f"{tcp_maddr(host, peer.port)}/p2p/{peer_id}" for peer_id in sorted(peer_ids)] or peer.maddrs
 
-    def stop_aux(self, run_id: str, timeout: float = 30.0) -> None:
+    def stop_aux(self, run_id: str, timeout: float = 30.0) -> int | None:
+        """Stop the auxiliary peer; its exit code (0: it left the swarm cleanly), None when none ran."""
         with self._lock:
             process = self._aux.pop(run_id, None)
             self._aux_ports.pop(run_id, None)
-        if process is not None:
-            _terminate(process, timeout)
-            logger.info("stopped the auxiliary peer for %s", run_id)
+            self._forget(run_id, "witness")
+        if process is None:
+            return None
+        _terminate(process, timeout)
+        logger.info("stopped the auxiliary peer for %s", run_id)
+        return process.returncode
 
     def aux_running(self, run_id: str) -> bool:
         process = self._aux.get(run_id)
@@ -279,6 +372,7 @@ class SwarmHost:
         self.stop_keeper(run_id)
         with self._lock:
             peer = self._peers.pop(run_id, None)
+            self._forget(run_id, "monitor")
         if peer is None:
             return
         _terminate(peer.process, timeout)
@@ -341,6 +435,10 @@ class SwarmHost:
             self.stop_aux(run_id)
         for run_id in list(self._peers):
             self.stop(run_id)
+
+
+def _process_of(peer: Peer | None) -> subprocess.Popen[str] | None:
+    return peer.process if peer is not None else None
 
 
 def _can_listen(host: str, port: int) -> bool:

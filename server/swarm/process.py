@@ -16,6 +16,8 @@ import os
 import signal
 import sys
 import threading
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -66,6 +68,26 @@ def stop_event() -> threading.Event:
 
     threading.Thread(target=watch_parent, daemon=True).start()
     return stop
+
+
+def run(main: Callable[[], int]) -> int:
+    """Run a peer process's ``main``; when it fails, say why in one ``failed`` event before exiting with 1.
+
+    The host shows that message as the peer's last error and logs it once per distinct error. An expected failure
+    (a :class:`WorkerError`, such as a task the experiment's data does not fit) is one line on stderr; anything else
+    also leaves its traceback in the peer's log."""
+    from swarmhub.worker.client import WorkerError
+
+    try:
+        return main()
+    except WorkerError as exc:
+        message = str(exc)
+        print(f"error: {message}", file=sys.stderr)
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    emit({"event": "failed", "error": message[:2000]})
+    return 1
 
 
 def companion_arguments(prog: str, config_help: str) -> argparse.ArgumentParser:

@@ -117,6 +117,38 @@
     } catch (e) { /* offline: try again on the next tick */ }
   }
 
+  // Organizers see the server's own peers (monitor, witness, checkpoints) change state without reloading.
+  const serverPeers = document.getElementById("server-peers");
+  function hhmmss(iso) { return iso ? iso.slice(11, 19) + " UTC" : ""; }
+  async function refreshServerPeers() {
+    try {
+      const view = await fetch("/api/experiments/" + slug + "/swarm").then(function (r) { return r.json(); });
+      const body = serverPeers.querySelector("tbody");
+      body.replaceChildren();
+      (view.server_peers || []).forEach(function (p) {
+        const tr = document.createElement("tr");
+        tr.dataset.kind = p.kind;
+        let state = p.state;
+        if (p.state === "running" && !p.in_swarm) state += " (joining)";
+        if (p.next_attempt_at) state += ", next try " + hhmmss(p.next_attempt_at);
+        [p.kind, state, hhmmss(p.since), String(p.restarts), p.last_error || "—"].forEach(function (text, i) {
+          const td = document.createElement("td");
+          td.textContent = text;
+          if (i === 1) td.className = "state" + (p.state !== "running" ? " warn" : "");
+          if (i === 3) td.className = "restarts";
+          if (i === 4) td.className = "error";
+          tr.appendChild(td);
+        });
+        body.appendChild(tr);
+      });
+      if (!body.children.length) {
+        const tr = document.createElement("tr"), td = document.createElement("td");
+        tr.className = "empty"; td.colSpan = 5; td.textContent = "The server runs no peer for this experiment now.";
+        tr.appendChild(td); body.appendChild(tr);
+      }
+    } catch (e) { /* offline: try again on the next tick */ }
+  }
+
   function render(snapshot) {
     const m = snapshot.metrics, s = m.summary;
     document.getElementById("stat-loss").textContent = fmt(s.loss, 4);
@@ -127,6 +159,9 @@
     document.getElementById("stat-epoch").textContent = fmt(s.epoch, 0);
     const status = document.getElementById("status");
     status.textContent = s.status; status.className = "status status-" + s.status;
+    baseline = m.baseline || null;
+    const onTraining = baseline && (baseline.measured_on === "training" || !evalBox);
+    renderBaseline(onTraining ? "loss-baseline" : "eval-baseline");
     const xs = m.series.map(function (p) { return p.t; });
     drawChart("chart-loss", "loss", "#c0392b", xs, m.series.map(function (p) { return p.loss; }),
       onTraining ? reference() : null);
@@ -161,6 +196,7 @@
   function renderCheckpoints(rows) {
     if (!evalBox) return;
     const scored = rows.filter(function (c) { return c.eval_loss !== null; });
+    const onHeldOut = baseline && baseline.measured_on === "held-out";
     drawChart("chart-eval", "held-out loss", "#7d3c98",
       scored.map(function (c) { return Date.parse(c.created_at) / 1000; }),
       scored.map(function (c) { return c.eval_loss; }), onHeldOut ? reference() : null);
@@ -185,9 +221,6 @@
         fetch("/api/experiments/" + slug + "/metrics").then(function (r) { return r.json(); }),
         fetch("/api/experiments/" + slug + "/leaderboard").then(function (r) { return r.json(); }),
       ]);
-    baseline = m.baseline || null;
-    const onTraining = baseline && (baseline.measured_on === "training" || !evalBox);
-    renderBaseline(onTraining ? "loss-baseline" : "eval-baseline");
       const checkpoints = evalBox
         ? await fetch("/api/experiments/" + slug + "/checkpoints").then(function (r) { return r.json(); })
         : null;
@@ -200,7 +233,6 @@
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
     const ws = new WebSocket(proto + "//" + location.host + "/ws/experiments/" + slug + "/live");
     const state = document.getElementById("live-state");
-    const onHeldOut = baseline && baseline.measured_on === "held-out";
     ws.onopen = function () {
       backoff = 1000; state.textContent = "live";
       if (pollTimer) { clearInterval(pollTimer); pollTimer = null; }
@@ -219,5 +251,6 @@
   window.addEventListener("load", function () {
     poll(); connect();
     if (flagsList) { refreshFlags(); setInterval(refreshFlags, 10000); }
+    if (serverPeers) { setInterval(refreshServerPeers, 5000); }
   });
 })();

@@ -1,0 +1,128 @@
+"""Supervision of the server's peer processes: restarts with exponential backoff and jitter, and their state.
+
+Each running experiment has up to three peer processes (``monitor``: bootstrap and monitor; ``witness``: the
+auxiliary peer whose rounds are the ledger's only evidence; ``checkpoints``: the checkpoint peer). A process that
+exits is started again by the next reconcile, but not before its backoff has passed: 2 s after the first failure,
+doubling up to 5 minutes, each delay drawn in [0.5, 1.5] of that (so that the peers of fifty experiments that failed
+together do not all come back in the same second). A process that ran ``STABLE_SECONDS`` before it exited starts
+the count again.
+
+What a process last failed with (its ``failed`` event, else how it exited) is logged once per distinct error, not
+once per restart, and its state (``PeerState``) is what the organizer's swarm view, ``GET /api/experiments/SLUG/swarm``,
+``/healthz?detail=1`` and the ``swarmhub_server_peer_up`` gauge show.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+logger = logging.getLogger("swarmhub.swarm")
+
+KINDS = ("monitor", "witness", "checkpoints")
+PeerKind = Literal["monitor", "witness", "checkpoints"]
+FIRST_DELAY = 2.0
+MAX_DELAY = 300.0
+STABLE_SECONDS = 120.0  # a process that ran this long before it exited is not failing: its backoff starts again
+ERROR_CHARS = 500
+
+
+class PeerState(BaseModel):
+    """One of the server's peer processes for an experiment, as its host sees it now."""
+
+    kind: PeerKind = Field(
+        description="monitor (bootstrap and monitor peer), witness (the auxiliary peer whose witnessed rounds are "
+        "the only source of verified credit) or checkpoints (the checkpoint peer)"
+    )
+    state: Literal["running", "restarting"] = Field(
+        description="running: its process is alive; restarting: it exited and is started again at next_attempt_at"
+    )
+    in_swarm: bool = Field(description="Whether it has joined the swarm since it last started")
+    since: datetime = Field(description="When it entered this state (started, or exited)")
+    restarts: int = Field(description="How many times it was started again since the experiment's swarm started here")
+    last_error: str | None = Field(description="What it last failed with (its own message, or how it exited)")
+    last_error_at: datetime | None = None
+    next_attempt_at: datetime | None = Field(default=None, description="When it is started again (restarting only)")
+
+
+@dataclass
+class Supervision:
+    """The restart record of one peer process (one experiment, one kind)."""
+
+    kind: PeerKind
+    running: bool = False
+    in_swarm: bool = False  # it said ``ready`` since its last start
+    since: float = field(default_factory=time.time)  # wall clock: shown to people
+    started_monotonic: float = 0.0
+    starts: int = 0
+    failures: int = 0  # in a row: the backoff's exponent
+    next_start: float = 0.0  # monotonic: not started again before this
+    last_error: str | None = None
+    last_error_at: float | None = None
+    pending_error: str | None = None  # the process's own ``failed`` message, taken when it exits
+    logged: set[str] = field(default_factory=set)
+    rng: random.Random = field(default_factory=random.Random)
+
+    def may_start(self, now: float | None = None) -> bool:
+        return not self.running and (now if now is not None else time.monotonic()) >= self.next_start
+
+    def started(self) -> None:
+        self.running, self.in_swarm = True, False
+        self.starts += 1
+        self.since = time.time()
+        self.started_monotonic = time.monotonic()
+
+    def failed_with(self, message: str) -> None:
+        """The process said why it is about to exit (its ``failed`` event)."""
+        self.pending_error = " ".join(message.split())[:ERROR_CHARS]
+
+    def exited(self, returncode: int | None, run_id: str) -> float:
+        """Record an exit; returns the delay before the next start."""
+        now = time.monotonic()
+        ran = now - self.started_monotonic
+        self.running, self.in_swarm = False, False
+        self.since = time.time()
+        error = self.pending_error or _describe_exit(returncode)
+        self.pending_error = None
+        self.last_error, self.last_error_at = error, time.time()
+        self.failures = 1 if ran >= STABLE_SECONDS else self.failures + 1
+        delay = min(MAX_DELAY, FIRST_DELAY * 2 ** (self.failures - 1)) * self.rng.uniform(0.5, 1.5)
+        self.next_start = now + delay
+        if error not in self.logged:  # once per distinct error, not once per restart
+            self.logged.add(error)
+            logger.error("the %s peer of %s exited: %s (restarting with backoff)", self.kind, run_id, error)
+        else:
+            logger.debug("the %s peer of %s exited again: %s; next start in %.1f s", self.kind, run_id, error, delay)
+        return delay
+
+    def state(self) -> PeerState:
+        def stamp(value: float | None) -> datetime | None:
+            return datetime.fromtimestamp(value, UTC) if value is not None else None
+
+        next_attempt = None
+        if not self.running:
+            next_attempt = stamp(time.time() + max(0.0, self.next_start - time.monotonic()))
+        return PeerState(
+            kind=self.kind,
+            state="running" if self.running else "restarting",
+            in_swarm=self.in_swarm,
+            since=datetime.fromtimestamp(self.since, UTC),
+            restarts=max(0, self.starts - 1),
+            last_error=self.last_error,
+            last_error_at=stamp(self.last_error_at),
+            next_attempt_at=next_attempt,
+        )
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "exited"
+    if returncode < 0:
+        return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
