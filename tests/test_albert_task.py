@@ -403,3 +403,60 @@ def test_export_loads_in_transformers_and_fills_a_mask(trained: dict[str, Any], 
     assert len(predictions) == 3
     assert all(p["token"] > MASK and p["token_str"] and "[MASK]" not in p["sequence"] for p in predictions)
     model.train()
+
+
+def test_measure_gives_the_loss_and_the_accuracy_on_the_held_out_masks(trained: dict[str, Any]) -> None:
+    task, model = trained["task"], trained["model"]
+    measured = task.measure(model, CPU)
+    assert measured.loss == trained["after"]
+    input_ids, attention_mask, labels = task._eval_batches()
+    with torch.no_grad():
+        model.eval()
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        model.train()
+    scored = labels != -100
+    best = logits[scored].topk(5, dim=-1).indices
+    wanted = labels[scored].unsqueeze(-1)
+    assert measured.top1 == pytest.approx(float((best[:, :1] == wanted).any(-1).float().mean()))
+    assert measured.top5 == pytest.approx(float((best == wanted).any(-1).float().mean()))
+    assert 0 < measured.top1 < measured.top5 < 1
+
+
+def test_the_downloaded_model_fills_masks_better_than_token_frequencies(
+    trained: dict[str, Any], corpus: LocalCorpus, tmp_path: Path
+) -> None:
+    """What a user gets: the export through transformers' fill-mask pipeline, on held-out sentences with one token
+    masked, ranks the right token among its five more often than the unigram model's five most frequent tokens."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+
+    task, model = trained["task"], trained["model"]
+    task.export(model, tmp_path / "export")
+    fill = pipeline(
+        "fill-mask",
+        model=AutoModelForMaskedLM.from_pretrained(tmp_path / "export"),
+        tokenizer=AutoTokenizer.from_pretrained(tmp_path / "export"),
+        device=-1,
+    )
+    tokenizer = fill.tokenizer
+    rows = load_sequences(corpus.file("eval.npy"))
+    _, _, labels = task._eval_batches()  # the held-out masks the dashboard's accuracy is measured on
+    texts, wanted = [], []
+    for row, row_labels in zip(rows, labels.numpy(), strict=True):
+        tokens = [int(i) for i in row if i not in (PAD, CLS, SEP)]
+        if tokenizer(tokenizer.decode(tokens), add_special_tokens=False)["input_ids"] != tokens:
+            continue  # only sentences that read back as the same tokens
+        for position in np.flatnonzero(row_labels != -100) - 1:  # each masked token alone ([CLS] dropped)
+            ids = list(tokens)
+            ids[position] = MASK
+            text = tokenizer.decode(ids)
+            if tokenizer(text, add_special_tokens=False)["input_ids"] == ids:  # a word piece may not read back
+                texts.append(text)
+                wanted.append(tokens[position])
+    assert len(texts) >= 100, len(texts)
+    predictions = fill(texts, top_k=5)
+    model_top5 = np.mean([label in {p["token"] for p in guesses} for label, guesses in zip(wanted, predictions)])
+
+    paths = [corpus.folder / shard["name"] for shard in corpus.manifest["shards"]]
+    counts = token_counts(paths, corpus.manifest["vocab_size"])
+    unigram = unigram_baseline(counts, np.array(wanted), corpus.manifest["special_tokens"].values())
+    assert model_top5 > unigram.top5, (model_top5, unigram.top5)
