@@ -59,3 +59,10 @@ def sign_up(page: Any, base: str, username: str) -> None:
     page.fill("input[name=password]", PASSWORD)
     page.click("button[type=submit]")
     expect(page.locator("header nav")).to_contain_text(username)
+
+
+def shown(number: float, digits: int) -> str:
+    """``number`` as dashboard.js's ``fmt`` writes it in Chromium's default locale: at most ``digits`` decimals,
+    no trailing zeros."""
+    text = f"{number:,.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text

@@ -1,6 +1,7 @@
 """In real Chromium: an organizer creates an ALBERT experiment through the form (its parameters rendered from the
 task's schema, a choice list among them), uploads its training text on the experiment's page (a bad file first),
-and the dashboard charts the server's checkpoints' held-out loss and links the newest model."""
+and the dashboard charts the server's checkpoints' held-out loss against the unigram baseline, shows their
+accuracy, and links the newest model."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from swarmhub.server.services import services
 from swarmhub.server.settings import Settings
 
 from ..conftest import PASSWORD, LiveServer
+from .conftest import shown
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -87,9 +89,26 @@ def test_organizer_gives_albert_its_text_and_sees_checkpoints(server, page, tmp_
             folder.mkdir(parents=True)
             with zipfile.ZipFile(folder / "model.zip", "w") as archive:
                 archive.writestr("config.json", json.dumps({"epoch": epoch}))
-            training_data.record_checkpoint(session, settings, experiment, epoch, loss, f"run/{epoch}")
+            training_data.record_checkpoint(
+                session, settings, experiment, epoch, loss, f"run/{epoch}", eval_top1=epoch / 100, eval_top5=0.375
+            )
+        stored = training_data.baseline(session, experiment)
+    assert stored is not None
     page.reload()
     expect(page.locator("#chart-eval")).to_have_attribute("data-points", "3")
+    # The unigram baseline the server measured when it prepared the text: a labelled dashed line on the held-out
+    # chart, and in words under it; the newest checkpoint's accuracy beside its loss.
+    expect(page.locator("#chart-eval")).to_have_attribute("data-reference", str(stored.loss))
+    expect(page.locator("#chart-eval")).to_contain_text("baseline: knows only token frequencies")
+    baseline = page.locator("#eval-baseline")
+    expect(baseline).to_be_visible()
+    expect(baseline).to_contain_text("knows only token frequencies")
+    expect(baseline.locator(".baseline-loss")).to_have_text(shown(stored.loss, 3))
+    expect(baseline.locator(".baseline-top5")).to_have_text(shown(100 * stored.top5, 1) + " %")
+    expect(page.locator("#eval-stat-loss")).to_have_text("5.1")
+    expect(page.locator("#eval-stat-top1")).to_have_text("9 %")
+    expect(page.locator("#eval-stat-top5")).to_have_text("37.5 %")
+    expect(page.locator("#loss-baseline")).to_be_hidden()  # ALBERT's baseline belongs to the held-out loss
     expect(page.locator("#model-download")).to_be_visible()
     expect(page.locator("#model-step")).to_contain_text("step 9")
     expect(page.locator("#model-link")).to_have_attribute("href", "/api/experiments/browser-albert/model")

@@ -15,9 +15,10 @@ from playwright.sync_api import expect
 
 from swarmhub.server.app import create_app
 from swarmhub.server.settings import Settings
+from swarmhub.worker.tasks import get_task
 
 from ..conftest import PASSWORD, LiveServer
-from .conftest import ARTIFACTS, sign_up
+from .conftest import ARTIFACTS, shown, sign_up
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -64,6 +65,12 @@ def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path
     expect(page.locator("#live-state")).to_have_text("live")
     chart = page.locator("#chart-loss")
     expect(chart).to_have_attribute("data-points", "0")
+    # The loss to beat, before any training: what a model that knows only the digits' frequencies scores.
+    prior = get_task("digits")().baseline()
+    expect(chart).to_have_attribute("data-reference", str(prior.cross_entropy))
+    expect(page.locator("#loss-baseline")).to_contain_text("knows only how often each digit occurs")
+    expect(page.locator("#loss-baseline .baseline-loss")).to_have_text(shown(prior.cross_entropy, 3))
+    expect(page.locator("#loss-baseline .baseline-top1")).to_have_text(shown(100 * prior.top1, 1) + " %")
 
     env = {
         **os.environ,
