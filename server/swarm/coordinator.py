@@ -168,7 +168,15 @@ class SwarmCoordinator:
             if experiment is None:
                 return
             training_data.record_checkpoint(
-                session, self.settings, experiment, event.epoch, event.eval_loss, event.folder, event.restored_from
+                session,
+                self.settings,
+                experiment,
+                event.epoch,
+                event.eval_loss,
+                event.folder,
+                event.restored_from,
+                eval_top1=event.eval_top1,
+                eval_top5=event.eval_top5,
             )
             slug = experiment.slug
         self._mark_live(slug)

@@ -173,6 +173,9 @@ def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp
         assert len(scored) >= 2, scored
         assert scored[-1]["eval_loss"] < scored[0]["eval_loss"] - 0.3, scored
         assert scored[0]["eval_loss"] < math.log(VOCAB) + 1  # a real masked-LM loss, not a broken one
+        # ...with its masked-token accuracy beside it, from the checkpoint peer through the coordinator to the list.
+        assert all(0 <= c["eval_top1"] <= c["eval_top5"] <= 1 for c in scored), scored
+        assert scored[-1]["eval_top5"] > scored[0]["eval_top5"], scored
 
         # The newest model downloads in the transformers format and fills a masked word.
         download = httpx.get(f"{url}/api/experiments/{SLUG}/model", timeout=60)
