@@ -219,10 +219,9 @@ def baseline(session: Session, experiment: Experiment) -> metrics.Baseline | Non
         row = session.get(Corpus, experiment.id)
         if row is None or row.baseline_loss is None:
             return None
-        on = "held-out" if task.keeps_checkpoints else "training"
         return metrics.Baseline(
             label=task.baseline_label,
-            measured_on=on,
+            measured_on="held-out" if task.keeps_checkpoints else "training",
             loss=row.baseline_loss,
             top1=row.baseline_top1,
             top5=row.baseline_top5,
