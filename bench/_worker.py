@@ -113,31 +113,57 @@ def without_epoch_guard(cfg: dict[str, Any]) -> None:
     training._loop = unguarded  # type: ignore[assignment]
 
 
+def held_out_loss(task: Any, model: torch.nn.Module) -> float:
+    """digits: the loss on the whole data (it has no held-out split); a task with its own held-out set (albert-mlm):
+    that, as the server's checkpoint peer measures it."""
+    if task.name == "digits":
+        return full_loss(model)
+    return float(task.evaluate(model, torch.device("cpu")))
+
+
+def slowed(batches: Any, factor: float) -> Any:
+    """``task.batches`` of a peer ``factor`` times slower: before each batch it sleeps (factor - 1) times what the
+    step took (forward, backward and whatever the loop did with the batch), as a peer with a slower CPU would."""
+
+    def generate(seed: int) -> Any:
+        for batch in batches(seed):
+            handed = time.perf_counter()
+            yield batch
+            time.sleep((time.perf_counter() - handed) * (factor - 1.0))
+
+    return generate
+
+
 def run_swarmhub(cfg: dict[str, Any]) -> None:
     from swarmhub.worker import training
+    from swarmhub.worker.data import LocalCorpus
     from swarmhub.worker.protocol import JoinResponse
 
     join = JoinResponse.model_validate_json(cfg["join"])
     seed = cfg.get("seed")
     if seed is not None:
         torch.manual_seed(seed)
-    caught: dict[str, torch.nn.Module] = {}
-    if cfg.get("evaluate") or seed is not None:
+    caught: dict[str, Any] = {}
+    slowdown = float(cfg.get("slowdown", 1.0))
+    if cfg.get("evaluate") or seed is not None or slowdown > 1.0:
         original = training.load_task
 
         def load_task(name: str, params: dict[str, Any]) -> Any:
             task = original(name, params)
             build = task.build_model
+            caught["task"] = task
 
             def build_model() -> torch.nn.Module:
                 if seed is not None:  # the same initial weights in every process (and every swarm) of this seed
                     torch.manual_seed(seed)
                 caught["model"] = build()
                 if cfg.get("evaluate"):
-                    emit({"event": "init", "eval_loss": full_loss(caught["model"])})
+                    emit({"event": "init", "eval_loss": held_out_loss(task, caught["model"])})
                 return caught["model"]
 
             task.build_model = build_model  # type: ignore[method-assign]
+            if slowdown > 1.0:
+                task.batches = slowed(task.batches, slowdown)  # type: ignore[method-assign]
             return task
 
         training.load_task = load_task  # type: ignore[assignment]
@@ -160,8 +186,8 @@ def run_swarmhub(cfg: dict[str, Any]) -> None:
             "peers": p.peers,
             "averaged_peers": p.averaged_peers,
         }
-        if caught and change:
-            event["eval_loss"] = full_loss(caught["model"])
+        if "model" in caught and cfg.get("evaluate") and change:
+            event["eval_loss"] = held_out_loss(caught["task"], caught["model"])
         emit(event)
 
     watch_stdin()
@@ -173,6 +199,7 @@ def run_swarmhub(cfg: dict[str, Any]) -> None:
         on_progress=on_progress,
         stop_event=_stop,
         identity_path=Path(cfg["identity"]),
+        corpus=LocalCorpus(Path(cfg["corpus"])) if cfg.get("corpus") else None,
     )
     emit(
         {
@@ -320,6 +347,9 @@ def run_bare(cfg: dict[str, Any]) -> None:
 def run_single(cfg: dict[str, Any]) -> None:
     """Gradient accumulation to the swarm's global batch: the mean of the micro-batches' mean gradients
     (what hivemind's gradient averager computes for equal micro-batches), one Adam step per global batch."""
+    if "experiment" in cfg:
+        run_single_task(cfg)
+        return
     from swarmhub.worker.tasks.digits import DigitsTask
 
     watch_stdin()
@@ -354,6 +384,53 @@ def run_single(cfg: dict[str, Any]) -> None:
                 "eval_loss": full_loss(model),
             }
         )
+    emit({"event": "summary", "samples": samples, "epoch": epoch, "threads": torch.get_num_threads()})
+
+
+def run_single_task(cfg: dict[str, Any]) -> None:
+    """``single`` for any task of an experiment (``cfg["experiment"]``, its corpus folder in ``cfg["corpus"]``):
+    the experiment's optimizer, the task's parameter groups and learning-rate schedule, built and started as the
+    worker's ``hivemind.Optimizer`` builds and starts them (one step on zero gradients at the base rate, then the
+    step count set back to 0: ``training.restart_step_count``), gradients accumulated to ``target_batch_size``
+    samples per step; the task's held-out loss after each step."""
+    from hivemind.optim.state_averager import initialize_optimizer_state_
+
+    from swarmhub.worker import training
+    from swarmhub.worker.data import LocalCorpus
+    from swarmhub.worker.protocol import TrainingSettings
+
+    watch_stdin()
+    torch.set_num_threads(cfg.get("threads", 1))
+    settings = TrainingSettings.model_validate(cfg["experiment"])
+    task = training.load_task(settings.task, settings.task_params)
+    if task.needs_corpus:
+        task.attach(LocalCorpus(Path(cfg["corpus"])))
+    torch.manual_seed(cfg["seed"])
+    model = task.build_model()
+    model.train()
+    opt = training.optimizer_factory(settings)(list(task.parameter_groups(model)))
+    initialize_optimizer_state_(opt)
+    for state in opt.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"].zero_()
+    make_scheduler = training.scheduler_factory(task)
+    scheduler = make_scheduler(opt) if make_scheduler is not None else None
+    batches = task.batches(seed=cfg["data_seed"])
+    device = torch.device("cpu")
+    micro = settings.target_batch_size // task.batch_size
+    samples = epoch = 0
+    emit({"event": "progress", "samples": 0, "epoch": 0, "epoch_change": True, "eval_loss": held_out_loss(task, model)})
+    while samples < cfg["max_samples"] and not _stop.is_set():
+        for _ in range(micro):
+            (task.loss(model, next(batches), device) / micro).backward()
+            samples += task.batch_size
+        opt.step()
+        opt.zero_grad()
+        if scheduler is not None:
+            scheduler.step()
+        epoch += 1
+        event = {"event": "progress", "samples": samples, "epoch": epoch, "epoch_change": True}
+        emit({**event, "eval_loss": held_out_loss(task, model)})
     emit({"event": "summary", "samples": samples, "epoch": epoch, "threads": torch.get_num_threads()})
 
 

@@ -99,10 +99,10 @@ def swarm_curve(workers: list[c.Proc]) -> tuple[list[tuple[float, float]], dict[
                 before = [e for e in c.progress(w.events) if e["t"] <= when]
                 total += before[-1]["samples"] if before else 0
         losses = [e["eval_loss"] for e in by_worker.values()]
-        if len(losses) == 2:
-            gaps.append(abs(losses[0] - losses[1]))
+        if len(losses) == len(workers):
+            gaps.append(max(losses) - min(losses))
         curve.append((float(total), sum(losses) / len(losses)))
-    averaged = sum(1 for by in changes.values() for e in by.values() if e.get("averaged_peers") == 2)
+    averaged = sum(1 for by in changes.values() for e in by.values() if e.get("averaged_peers") == len(workers))
     entered = sum(len(by) for by in changes.values())
     facts = {
         "epochs": len(changes),
@@ -130,16 +130,29 @@ def interpolate(curve: list[tuple[float, float]], x: float) -> float:
     return float("nan")
 
 
-def run_swarm(h: c.Harness, r: int, budget: int) -> tuple[list[tuple[float, float]], dict[str, Any]]:
+def run_swarm(
+    h: c.Harness,
+    r: int,
+    budget: int,
+    exp: dict[str, Any] | None = None,
+    slowdowns: tuple[float, ...] = (1.0, 1.0),
+    extra: dict[str, Any] | None = None,
+) -> tuple[list[tuple[float, float]], dict[str, Any]]:
+    """One swarm of ``len(slowdowns)`` workers (each that many times slower than the machine lets it train), until
+    it has consumed ``budget`` samples. ``exp``: the experiment (default: the digits workload); ``extra``: more of
+    each worker's config (the corpus of a task that needs one)."""
+    exp = exp or experiment()
+    target = exp["target_batch_size"]
     peer = h.swarm_peer(f"r{r}-peer")
-    exp = experiment()
     workers = []
-    for name in "AB":
+    for name, slowdown in zip("ABCDEFGH", slowdowns, strict=False):
         identity = h.tmp / f"r{r}-{name}.key"
         join = c.join_json(peer, f"worker-{r}-{name}", identity, exp)
-        config = {"join": join, "identity": str(identity), "seed": SEED, "evaluate": True}
+        config = {"join": join, "identity": str(identity), "seed": SEED, "evaluate": True, **(extra or {})}
+        if slowdown != 1.0:
+            config["slowdown"] = slowdown
         workers.append(h.worker(f"r{r}-swarm-{name}", "swarmhub", config))
-    deadline = time.monotonic() + 120 + 10 * budget / TARGET_BATCH_SIZE
+    deadline = time.monotonic() + 120 + 10 * len(slowdowns) * budget / target
     while True:  # until the swarm has consumed the budget
         curve, _ = swarm_curve(workers)
         if curve and curve[-1][0] >= budget:
@@ -148,7 +161,7 @@ def run_swarm(h: c.Harness, r: int, budget: int) -> tuple[list[tuple[float, floa
         if time.monotonic() > deadline:
             raise c.BenchError(f"the swarm did not reach {budget} samples in time (curve {curve[-3:]})")
         time.sleep(0.3)
-    codes = h.stop([*workers, peer.proc], timeout=AVERAGING_TIMEOUT + 10)
+    codes = h.stop([*workers, peer.proc], timeout=exp["averaging_timeout"] + 10)
     if any(code not in (0, None) for code in codes):
         raise c.BenchError(f"swarm repeat {r}: exit codes {codes}\n{workers[0].log_tail()}")
     return swarm_curve(workers)
@@ -183,9 +196,17 @@ def main() -> int:
         default=None,
         help="the swarm's target batch (default: what its 2 workers compute in 3 s here, from a 2 s bare loop)",
     )
+    parser.add_argument(
+        "--task",
+        choices=("digits", "albert-mlm"),
+        default="digits",
+        help="albert-mlm: the demo's ALBERT workload, swarms of 2 peers and of 3 (one at half speed)",
+    )
     args = parser.parse_args()
     mode = QUICK if args.quick else FULL
     repeats = args.repeats or mode.repeats
+    if args.task == "albert-mlm":
+        return main_albert(ALBERT_QUICK if args.quick else ALBERT_FULL, args.repeats)
     print(f"convergence ({mode.name}): {c.machine_line()}")
     global TARGET_BATCH_SIZE
     TARGET_BATCH_SIZE = c.sized_target(args.target_batch_size, 2, EPOCH_SECONDS, HIDDEN_SIZE, BATCH_SIZE)
@@ -275,6 +296,98 @@ def report(
         + ", ".join(f"{b:.3f}" for b in batches)
         + f" (target <= 1.05 in every repeat): {c.verdict(all(b <= 1.05 for b in batches))}"
     )
+
+
+# -- albert-mlm: the demo's workload ---------------------------------------------------------------------------
+
+ALBERT_FULL = Mode("full", repeats=3, epochs=40, checkpoints=(0.25, 0.5, 0.75, 1.0))
+ALBERT_QUICK = Mode("quick", repeats=1, epochs=8, checkpoints=(0.5, 1.0))
+# Each swarm: (label, slowdown of each worker). The 3-peer swarm has one peer throttled to half its speed (it sleeps
+# as long as each step took); all three share the machine's 2 cores with the bootstrap peer.
+ALBERT_SWARMS = (("2 peers", (1.0, 1.0)), ("3 peers, one at half speed", (1.0, 1.0, 2.0)))
+
+
+def albert_experiment() -> dict[str, Any]:
+    """The demo's experiment (``swarmhub demo``'s demo-albert), as the server stores it."""
+    from swarmhub.server.cli import DEMO_ALBERT
+    from swarmhub.worker.protocol import TrainingSettings
+
+    return TrainingSettings(**DEMO_ALBERT).model_dump(mode="json")
+
+
+def main_albert(mode: Mode, repeats: int | None) -> int:
+    """Swarms of the demo's ALBERT workload against one process at equal samples: the held-out loss the server's
+    checkpoint peer measures (``AlbertMLMTask.evaluate``), on the demo's corpus prepared as the server prepares it."""
+    import albert_settings
+
+    from swarmhub.server.cli import DEMO_CORPUS, DEMO_TEXT_BYTES
+
+    repeats = repeats or mode.repeats
+    print(f"convergence, albert-mlm ({mode.name}): {c.machine_line()}")
+    exp = albert_experiment()
+    folder = albert_settings.prepare_corpus(DEMO_TEXT_BYTES, DEMO_CORPUS.vocab_size, DEMO_CORPUS.seq_length)
+    target = exp["target_batch_size"]
+    budget = mode.epochs * target
+    print(
+        f"workload: the demo's ALBERT ({exp['task_params']}), {exp['optimizer']} lr {exp['learning_rate']}, target "
+        f"batch {target}, matchmaking_time {exp['matchmaking_time']} s, corpus {folder}; same initial weights (torch "
+        f"seed {SEED}); budget {budget:,} samples ({mode.epochs} global batches); {repeats} repeat(s) of each swarm"
+    )
+    started = time.monotonic()
+    load = c.MachineLoad()
+    swarms: dict[str, list[tuple[list[tuple[float, float]], dict[str, Any]]]] = {
+        label: [] for label, _ in ALBERT_SWARMS
+    }
+    single: list[tuple[float, float]] = []
+    plan = [label for _ in range(repeats) for label, _ in ALBERT_SWARMS]
+    plan.insert(1, "single")  # deterministic (same seeds, no timing in it): once
+    slowdowns = dict(ALBERT_SWARMS)
+    with c.Harness("convergence-albert") as h:
+        for n, variant in enumerate(plan):
+            with c.phase(f"{n + 1}/{len(plan)}: {variant}"):
+                if variant == "single":
+                    config = {"experiment": exp, "corpus": str(folder), "seed": SEED, "data_seed": 1000}
+                    proc = h.worker("single", "single", {**config, "max_samples": budget})
+                    proc.reader.wait_for("summary", 1800)
+                    codes = h.stop([proc])
+                    if codes != [0]:
+                        raise c.BenchError(f"single: exit code {codes}\n{proc.log_tail()}")
+                    single = [(float(e["samples"]), e["eval_loss"]) for e in c.progress(proc.events)]
+                else:
+                    r = sum(len(v) for v in swarms.values())
+                    swarms[variant].append(run_swarm(h, r, budget, exp, slowdowns[variant], {"corpus": str(folder)}))
+        cleanup = h.check_no_leftovers()
+    elapsed = time.monotonic() - started
+    print()
+    print(f"results ({elapsed:.0f} s): held-out loss at equal samples seen")
+    worst = 0.0
+    headers = ["samples seen", "single", *[f"{label}: swarm/single, each repeat" for label, _ in ALBERT_SWARMS]]
+    rows = []
+    for fraction in mode.checkpoints:
+        x = fraction * budget
+        base = interpolate(single, x)
+        row: list[Any] = [f"{x:,.0f} ({fraction:.0%})", base]
+        for label, _ in ALBERT_SWARMS:
+            ratios = [interpolate(curve, x) / base for curve, _ in swarms[label]]
+            worst = max([worst, *(abs(r - 1.0) for r in ratios)])
+            row.append(" ".join(f"{r:.3f}" for r in ratios))
+        rows.append(row)
+    print(c.table(headers, rows))
+    for label, _ in ALBERT_SWARMS:
+        for i, (curve, facts) in enumerate(swarms[label]):
+            print(
+                f"{label}, repeat {i + 1}: {facts['epochs']} epochs, mean global batch from epoch 1 on "
+                f"{facts['batch']:,.0f} (target {target}), epoch changes after averaging with every peer "
+                f"{facts['averaged']}, largest held-out loss gap between the peers' models {facts['max_gap']:.2g}"
+            )
+            print("  curve (samples in thousands: loss): " + " ".join(f"{x / 1000:,.1f}:{y:.3f}" for x, y in curve))
+    print("single curve: " + " ".join(f"{x / 1000:,.1f}:{y:.3f}" for x, y in single))
+    print(
+        f"worst checkpoint of any repeat, swarm/single: {worst:.1%} off (target within 5%): {c.verdict(worst <= 0.05)}"
+    )
+    print(cleanup)
+    print(load.line())
+    return 0
 
 
 if __name__ == "__main__":

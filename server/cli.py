@@ -106,6 +106,21 @@ def run_admin(username: str, password_stdin: bool) -> None:
 DEMO_SLUG = "demo-albert"
 DEMO_EXPERIMENTS = ("demo-albert", "demo-digits")
 DEMO_TEXT_BYTES = 2_000_000  # of the standard library's docstrings: a tokenizer and shards in seconds
+DEMO_CORPUS = training_data.CorpusOptions(vocab_size=4000, seq_length=64)
+# The demo's ALBERT experiment, chosen with bench/albert_settings.py (held-out loss at equal samples against the
+# unigram baseline; docs/benchmarks.md section 8): LAMB learns context only with enough steps, so the batch is the
+# smallest that keeps both demo peers (about 270 samples/s each on 2 cores) unthrottled, 512 per half second (a cap
+# of 1,024 samples/s), with the rate measured for it. The decay ends at step 2,000 (about 30 minutes of demo): the
+# docstrings are 6,700 training sequences, passed over about 100 times by then.
+DEMO_ALBERT: dict[str, Any] = {
+    "task": "albert-mlm",
+    "task_params": {"size": "tiny", "batch_size": 16, "warmup_steps": 10, "total_steps": 2000},
+    "optimizer": OptimizerName.lamb,
+    "learning_rate": 0.02,
+    "target_batch_size": 512,
+    "matchmaking_time": 0.5,
+    "averaging_timeout": 30.0,
+}
 
 
 def _seed_demo(settings: Settings, experiment: str = DEMO_SLUG) -> tuple[str, list[str]]:
@@ -129,13 +144,7 @@ def _seed_demo(settings: Settings, experiment: str = DEMO_SLUG) -> tuple[str, li
                 title="Demo: ALBERT on Python's docstrings",
                 description="Two local volunteers pretrain a tiny ALBERT masked language model (DeDLOC's workload) "
                 "on the Python standard library's docstrings, with a tokenizer the server trained on them.",
-                task="albert-mlm",
-                task_params={"size": "tiny", "batch_size": 16, "warmup_steps": 5, "total_steps": 5000},
-                optimizer=OptimizerName.lamb,
-                learning_rate=0.05,
-                target_batch_size=256,
-                matchmaking_time=2.0,
-                averaging_timeout=30.0,
+                **DEMO_ALBERT,
                 checkpoint_minutes=1.0,
             ),
         )
@@ -146,7 +155,7 @@ def _seed_demo(settings: Settings, experiment: str = DEMO_SLUG) -> tuple[str, li
                 albert,
                 corpus.builtin_text("python-docstrings", max_bytes=DEMO_TEXT_BYTES),
                 "builtin:python-docstrings",
-                training_data.CorpusOptions(vocab_size=4000, seq_length=64),
+                DEMO_CORPUS,
             )
             experiments.change_status(session, albert, "start")
         digits = experiments.create(

@@ -95,6 +95,35 @@ def test_an_experiment_created_without_settings_gets_its_tasks_proposal(client, 
         json={"slug": "words", "title": "Words", "task": "albert-mlm", "task_params": {"size": "tiny"}},
     ).json()
     assert (albert["target_batch_size"], albert["matchmaking_time"], albert["averaging_timeout"]) == (8192, 5.0, 60.0)
+    # and the optimizer the task trains well with, at the rate it proposes for that batch (digits proposes none)
+    proposed = client.get("/api/tasks/albert-mlm/proposal", params={"size": "tiny"}).json()
+    assert (albert["optimizer"], albert["learning_rate"]) == ("lamb", proposed["learning_rate"])
+    assert (proposal["optimizer"], proposal["learning_rate"], body["optimizer"]) == (None, None, "adam")
+    # a learning rate the organizer sets is kept with the default optimizer; a rate for their own batch is proposed
+    rate = client.post(
+        "/api/experiments",
+        headers=headers,
+        json={
+            "slug": "rate",
+            "title": "Rate",
+            "task": "albert-mlm",
+            "task_params": {"size": "tiny"},
+            "learning_rate": 0.003,
+        },
+    ).json()
+    assert (rate["optimizer"], rate["learning_rate"]) == ("adam", 0.003)
+    small = client.post(
+        "/api/experiments",
+        headers=headers,
+        json={
+            "slug": "small",
+            "title": "Small",
+            "task": "albert-mlm",
+            "task_params": {"size": "tiny"},
+            "target_batch_size": 1024,
+        },
+    ).json()
+    assert small["optimizer"] == "lamb" and small["learning_rate"] < albert["learning_rate"]
     # what the organizer sets is kept; only the settings left out are proposed
     mine = client.post(
         "/api/experiments", headers=headers, json={"slug": "mine", "title": "Mine", "target_batch_size": 64}

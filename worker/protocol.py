@@ -146,6 +146,15 @@ class SettingsProposal(BaseModel):
         "trains on this task with these parameters: the estimate the proposal is sized with"
     )
     planned_peers: int = Field(ge=1)
+    optimizer: OptimizerName | None = Field(
+        default=None, description="The optimizer the task trains well with; null: the experiment's default"
+    )
+    learning_rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="The learning rate the task proposes for that optimizer at this target batch size; null: the "
+        "experiment's default",
+    )
 
     @computed_field(  # type: ignore[prop-decorator]
         description="The most samples/s the whole swarm trains at with these settings (swarm_rate_cap)"

@@ -122,6 +122,9 @@ class ExperimentFields(TrainingSettings):
 
 
 PROPOSED_FIELDS = ("target_batch_size", "matchmaking_time", "averaging_timeout")
+# What a task may also propose (``Task.proposed_optimizer``): taken where the task proposes it and the organizer set
+# neither (a learning rate belongs to its optimizer and the target batch size).
+PROPOSED_TRAINING = ("optimizer", "learning_rate")
 
 
 def proposal_for(task: str, task_params: dict[str, Any]) -> SettingsProposal | None:
@@ -133,6 +136,19 @@ def proposal_for(task: str, task_params: dict[str, Any]) -> SettingsProposal | N
         return None
 
 
+def proposed_training(task: str, task_params: dict[str, Any], target_batch_size: int) -> tuple[Any, float] | None:
+    """The optimizer and learning rate the task proposes for this target batch size (``Task.proposed_optimizer``),
+    or None where it proposes none."""
+    try:
+        instance = get_task(task)(task_params)
+    except (UnknownTask, ValidationError):
+        return None
+    rate = instance.proposed_learning_rate(target_batch_size)
+    if instance.proposed_optimizer is None or rate is None:
+        return None
+    return instance.proposed_optimizer, rate
+
+
 class ExperimentCreate(ExperimentFields):
     slug: str = Field(min_length=3, max_length=50, description="lowercase letters, digits and '-'")
 
@@ -140,12 +156,18 @@ class ExperimentCreate(ExperimentFields):
     def _task_proposal(self) -> ExperimentCreate:
         """An experiment created without a target batch size or timings gets its task's proposal for them
         (``Task.proposal``: a swarm of ``DEFAULT_PLANNED_PEERS`` reference peers trains unthrottled), not the plain
-        defaults, which cap a swarm far below what one peer computes on a small task."""
+        defaults, which cap a swarm far below what one peer computes on a small task; one created without an
+        optimizer and learning rate gets those the task proposes (ALBERT: LAMB at a rate for the proposed batch)."""
         unset = [name for name in PROPOSED_FIELDS if name not in self.model_fields_set]
         proposal = proposal_for(self.task, self.task_params) if unset else None
         if proposal is not None:
             for name in unset:
                 setattr(self, name, getattr(proposal, name))
+        if not any(name in self.model_fields_set for name in PROPOSED_TRAINING):
+            # for the target batch size the experiment has, the organizer's own or the proposed one
+            proposed = proposed_training(self.task, self.task_params, self.target_batch_size)
+            if proposed is not None:
+                self.optimizer, self.learning_rate = proposed
         return self
 
     @field_validator("slug")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..protocol import DEFAULT_PLANNED_PEERS, SettingsProposal, propose
+from ..protocol import DEFAULT_PLANNED_PEERS, OptimizerName, SettingsProposal, propose
 
 if TYPE_CHECKING:
     import torch
@@ -129,6 +129,15 @@ class Task(ABC):
     # known to train well at, where peers are expected to be much faster than the reference).
     proposed_min_target_batch_size: ClassVar[int] = 1
 
+    # The optimizer a task trains well with, proposed with a learning rate for the proposal's target batch size
+    # (``proposed_learning_rate``); None leaves both to the experiment's defaults.
+    proposed_optimizer: ClassVar[OptimizerName | None] = None
+
+    def proposed_learning_rate(self, target_batch_size: int) -> float | None:
+        """The learning rate ``proposed_optimizer`` trains this task well at with ``target_batch_size`` samples per
+        step; None where the task proposes none."""
+        return None
+
     def reference_samples_per_second(self) -> float | None:
         """What one reference peer trains a second with these parameters: one CPU thread of the machine
         ``bench/task_rates.py`` measured (a bare PyTorch loop: forward, backward, optimizer step), estimated from the
@@ -137,17 +146,22 @@ class Task(ABC):
 
     def proposal(self, planned_peers: int = DEFAULT_PLANNED_PEERS) -> SettingsProposal | None:
         """Settings under which a swarm of ``planned_peers`` reference peers is bound by compute, not by the
-        epoch-length guard (``swarmhub.worker.protocol.swarm_rate_cap``); None without a reference rate."""
+        epoch-length guard (``swarmhub.worker.protocol.swarm_rate_cap``), with the optimizer and learning rate the
+        task trains well with at that target batch size where it proposes them; None without a reference rate."""
         rate = self.reference_samples_per_second()
         if rate is None:
             return None
-        return propose(
+        proposal = propose(
             rate,
             matchmaking_time=self.proposed_matchmaking_time,
             averaging_timeout=self.proposed_averaging_timeout,
             planned_peers=planned_peers,
             at_least=self.proposed_min_target_batch_size,
         )
+        if self.proposed_optimizer is None:
+            return proposal
+        learning_rate = self.proposed_learning_rate(proposal.target_batch_size)
+        return proposal.model_copy(update={"optimizer": self.proposed_optimizer, "learning_rate": learning_rate})
 
     def lr_schedule(self) -> Callable[[int], float] | None:
         """A learning-rate multiplier per collaborative step (the swarm's epoch), or None for a constant rate.

@@ -8,6 +8,7 @@ validate ``Params``: torch, transformers and tokenizers are imported inside the 
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..protocol import OptimizerName
 from . import Baseline, Evaluation, Task
 
 if TYPE_CHECKING:
@@ -60,6 +62,9 @@ PRESETS: dict[str, dict[str, int]] = {
 # falls about in proportion to its sequences' length.
 REFERENCE_SEQUENCES_PER_SECOND = {"tiny": 124.0, "small": 22.3, "base": 2.39, "large": 0.70}
 REFERENCE_SEQ_LENGTH = 128
+# LAMB's learning rate (bench/albert_settings.py, the demo's workload: held-out loss at equal samples): LAMB_RATE at
+# LAMB_BATCH sequences a step; the task proposes it scaled with the square root of the batch, up to LAMB_MAX_RATE.
+LAMB_RATE, LAMB_BATCH, LAMB_MAX_RATE = 0.02, 512, 0.04
 WEIGHT_DECAY = 0.01  # LAMB's recipe for BERT and ALBERT; none on biases and LayerNorm
 EVAL_SEED = 20_191_001  # fixed masking of the held-out set, so evaluations at different times compare
 EVAL_BATCH = 32
@@ -186,6 +191,15 @@ class AlbertMLMTask(Task):
     proposed_matchmaking_time = 5.0
     proposed_averaging_timeout = 60.0
     proposed_min_target_batch_size = 4096
+    proposed_optimizer = OptimizerName.lamb
+
+    def proposed_learning_rate(self, target_batch_size: int) -> float:
+        """LAMB's rate for ``target_batch_size`` samples a step: the rate measured at ``LAMB_BATCH`` on the demo's
+        workload (bench/albert_settings.py), scaled with the square root of the batch (You et al., 2019), at most
+        ``LAMB_MAX_RATE``."""
+        rate = LAMB_RATE * math.sqrt(target_batch_size / LAMB_BATCH)
+        return float(f"{min(rate, LAMB_MAX_RATE):.2g}")
+
     baseline_label = "knows only token frequencies"
 
     def __init__(self, params: BaseModel | dict[str, Any] | None = None):
