@@ -335,12 +335,10 @@ def _flags(experiment: Experiment, row: TotalRow, references: _ClassReferences) 
     flags = []
     backed = row.verified_samples + row.pending_samples
     # What the monitor cannot have seen: each epoch's last moments at the peer's rate, plus reporting lag. The rate
-    # is the one the peer signed, which a modified worker sets as it likes, and with epochs of a few seconds the
-    # product alone would excuse most of an honest claim: it excuses at most CLAIM_SLACK of the claim.
-    unseen = min(
-        row.epochs * contributions.MONITOR_SECONDS * row.peak_signed_samples_per_second,
-        CLAIM_SLACK * row.claimed_samples,
-    )
+    # is the one the peer signed, which a modified worker sets as it likes: an epoch's unseen tail is at most one
+    # target batch, however fast the peer says it is (an epoch ends when the swarm has gathered that many).
+    tail = min(contributions.MONITOR_SECONDS * row.peak_signed_samples_per_second, experiment.target_batch_size)
+    unseen = row.epochs * tail
     if row.claimed_samples > backed * (1 + CLAIM_SLACK) + unseen + 2 * experiment.target_batch_size:
         flags.append(
             f"claims {row.claimed_samples:,} samples but the swarm's signed records show {backed:,}: "
