@@ -176,7 +176,7 @@ def main() -> int:
     print(
         f"corpus: {args.text_bytes:,} bytes of docstrings, vocabulary {manifest['vocab_size']}, sequences of "
         f"{manifest['seq_length']} tokens: {train_sequences:,} training sequences in {len(manifest['shards'])} "
-        f"shards, {manifest['eval_sequences']} held out; model {args.size}, local batch {args.batch_size}, "
+        f"shards, {manifest['eval_sequences']} held out; model {args.size}, micro-batch {args.batch_size}, "
         f"{args.threads} threads"
     )
     print(

@@ -23,9 +23,17 @@ runs once, between the swarm repeats. The curves are interpolated (linearly in s
 of the sample budget; the swarm's loss over the single process's loss is reported per checkpoint (median and
 min..max over the swarm repeats). Target: every checkpoint's median ratio swarm/single within 5 % (0.95..1.05).
 
-Command: ``.venv/bin/python bench/convergence.py [--quick]`` (full: 3 swarm repeats of 8 global batches, about
-4 minutes on a quiet 2-core machine; --quick: one swarm of 2 global batches, under a minute). Exits 0 whether the
-target is met or not; nonzero only when the benchmark itself fails. Leaves no process behind.
+``--task albert-mlm``: the same comparison on the demo's workload (``swarmhub demo``'s demo-albert: the tiny ALBERT
+on the standard library's docstrings prepared as the server prepares them, its optimizer, rate, schedule and target
+batch, ``server/cli.py`` ``DEMO_ALBERT``), measured by the held-out loss the server's checkpoint peer reports
+(``AlbertMLMTask.evaluate``), for a swarm of 2 peers and a swarm of 3 in which one peer is throttled to half its
+speed (it sleeps as long as each step took), against one process that builds and starts its optimizer as the
+worker's hivemind optimizer does. Target: every checkpoint of every repeat within 5 %.
+
+Command: ``.venv/bin/python bench/convergence.py [--quick] [--task albert-mlm]`` (digits, full: 3 swarm repeats of 8
+global batches, about 4 minutes on a quiet 2-core machine; --quick: one swarm of 2 global batches, under a minute;
+albert-mlm, full: 3 repeats of each swarm over 80 global batches, about 15 minutes). Exits 0 whether the target is
+met or not; nonzero only when the benchmark itself fails. Leaves no process behind.
 """
 
 from __future__ import annotations
@@ -300,7 +308,7 @@ def report(
 
 # -- albert-mlm: the demo's workload ---------------------------------------------------------------------------
 
-ALBERT_FULL = Mode("full", repeats=3, epochs=40, checkpoints=(0.25, 0.5, 0.75, 1.0))
+ALBERT_FULL = Mode("full", repeats=3, epochs=80, checkpoints=(0.25, 0.5, 0.75, 1.0))
 ALBERT_QUICK = Mode("quick", repeats=1, epochs=8, checkpoints=(0.5, 1.0))
 # Each swarm: (label, slowdown of each worker). The 3-peer swarm has one peer throttled to half its speed (it sleeps
 # as long as each step took); all three share the machine's 2 cores with the bootstrap peer.
