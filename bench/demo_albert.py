@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import albert_settings
 import httpx
@@ -51,7 +52,10 @@ def main() -> int:
     try:
         answered = wait_dashboard(url, demo, log)
         print(f"dashboard answered {answered - started:.0f} s after the start", flush=True)
-        password = re.search(r"with password (\S+)", Path(log.name).read_text()).group(1)
+        found = re.search(r"with password (\S+)", Path(log.name).read_text())
+        if found is None:
+            raise SystemExit("the demo printed no organizer password")
+        password = found.group(1)
         token = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": password}).json()
         organizer = {"Authorization": f"Bearer {token['access_token']}"}
         base = demo_baseline(folder / ".swarmhub-demo")
@@ -113,7 +117,7 @@ def wait_dashboard(url: str, demo: subprocess.Popen[str], log: object, timeout: 
     raise SystemExit("the dashboard did not answer")
 
 
-def demo_baseline(demo_dir: Path) -> object:
+def demo_baseline(demo_dir: Path) -> Any:
     from swarmhub.worker.data import LocalCorpus
 
     folders = [p.parent for p in (demo_dir / "corpora").glob("*/manifest.json")]
