@@ -177,13 +177,15 @@ class SwarmhubServer:
     def finish(self, slug: str) -> None:
         self.http.post(f"/api/experiments/{slug}/status", json={"action": "finish"})
 
-    def monitor_seconds(self) -> float:
-        """CPU seconds so far of the server's monitor peers (``bootstrap_peer``) and of their DHT and ``p2pd``."""
+    def monitor_seconds(self, modules: tuple[str, ...] = ("bootstrap_peer",)) -> float:
+        """CPU seconds so far of the server's peers run as ``swarmhub.server.swarm.<module>`` (by default its
+        monitor peers, ``bootstrap_peer``) and of what they forked (DHT, averagers, ``p2pd``)."""
         total = 0.0
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process(self.pid).children():
                 with contextlib.suppress(psutil.Error):
-                    if "swarmhub.server.swarm.bootstrap_peer" not in " ".join(child.cmdline()):
+                    command = " ".join(child.cmdline())
+                    if not any(f"swarmhub.server.swarm.{module}" in command for module in modules):
                         continue
                     for p in [child, *child.children(recursive=True)]:
                         with contextlib.suppress(psutil.Error):

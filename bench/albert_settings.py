@@ -8,7 +8,7 @@ torch's AdamW), trained in one process with gradients accumulated to the candida
 swarm whose peers all take part computes per step (``bench/convergence.py`` measures how close a real swarm comes).
 For each candidate it prints the held-out loss (``AlbertMLMTask.evaluate``) after 20k, 60k, 120k and 240k samples,
 and beside it the unigram baseline: the cross-entropy of predicting each masked held-out label by its frequency in
-the training shards, special tokens left out (``albert.unigram_baseline``), i.e. a model that knows only token
+the training shards, special tokens left out (``AlbertMLMTask.baseline``), i.e. a model that knows only token
 frequencies. A setting learns language where its loss falls clearly below that line.
 
 Loss at equal samples does not depend on the machine's speed or load (same seeds, same result), so it may run on a
@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 CACHE = Path("/tmp/swarmhub-bench-albert")  # prepared corpora, one folder per (text, vocabulary, sequence length)
@@ -90,14 +89,7 @@ def prepare_corpus(text_bytes: int, vocab_size: int, seq_length: int) -> Path:
 
 def baseline(task: Any, folder: Path) -> Any:
     """The unigram baseline of the held-out labels that ``task.evaluate`` scores (same sequences, same masks)."""
-    from swarmhub.worker.data import load_sequences
-    from swarmhub.worker.tasks import albert
-
-    manifest = task.data.manifest
-    counts = albert.token_counts([folder / shard["name"] for shard in manifest["shards"]], int(manifest["vocab_size"]))
-    sequences = load_sequences(task.data.file("eval.npy"))
-    _, _, labels = task.masked_batch(sequences, np.random.default_rng(albert.EVAL_SEED))
-    return albert.unigram_baseline(counts, labels.numpy(), manifest["special_tokens"].values())
+    return task.baseline([folder / shard["name"] for shard in task.data.manifest["shards"]])
 
 
 def make_task(folder: Path, size: str, batch_size: int, setting: Setting) -> Any:

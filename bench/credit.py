@@ -20,7 +20,6 @@ server's peers <= 0.05 cores per active worker.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import secrets
 import signal
 import sys
@@ -30,7 +29,6 @@ from typing import Any
 
 import _common as c
 import _server as s
-import psutil
 
 PEER_MODULES = ("bootstrap_peer", "aux_peer", "checkpoint_peer")
 TARGET_RATIO, TARGET_CORES_PER_WORKER = 0.95, 0.05
@@ -71,21 +69,6 @@ def make_volunteers(database_url: str, count: int) -> list[tuple[str, str]]:
     finally:
         engine.dispose()
     return made
-
-
-def peers_cpu(server_pid: int) -> float:
-    """CPU seconds so far of the server's peer processes and everything they forked."""
-    total = 0.0
-    with contextlib.suppress(psutil.Error):
-        for child in psutil.Process(server_pid).children():
-            with contextlib.suppress(psutil.Error):
-                if not any(module in " ".join(child.cmdline()) for module in PEER_MODULES):
-                    continue
-                for p in [child, *child.children(recursive=True)]:
-                    with contextlib.suppress(psutil.Error):
-                        t = p.cpu_times()
-                        total += t.user + t.system
-    return total
 
 
 def board(server: s.SwarmhubServer, slug: str) -> dict[str, tuple[int, int, int]]:
@@ -134,16 +117,16 @@ def run_size(task: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
         while time.monotonic() < started + args.minutes * 60:
             now = time.monotonic()
             if "start" not in cpu and now >= window[0]:
-                cpu["start"], cpu["t0"] = peers_cpu(server.pid), now
+                cpu["start"], cpu["t0"] = server.monitor_seconds(PEER_MODULES), now
             if "end" not in cpu and now >= window[1]:
-                cpu["end"], cpu["t1"] = peers_cpu(server.pid), now
+                cpu["end"], cpu["t1"] = server.monitor_seconds(PEER_MODULES), now
             readings.append((now, board(server, slug)))
             for w in workers:
                 if w.popen.poll() is not None:
                     raise c.BenchError(f"{w.name} exited: {w.log_tail()}")
             time.sleep(5)
         if "end" not in cpu:
-            cpu["end"], cpu["t1"] = peers_cpu(server.pid), time.monotonic()
+            cpu["end"], cpu["t1"] = server.monitor_seconds(PEER_MODULES), time.monotonic()
         h.stop(workers, timeout=90)
         time.sleep(15)  # the monitor reads the last records and the witness's last rounds
         final = board(server, slug)

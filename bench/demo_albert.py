@@ -6,7 +6,7 @@ What it measures: it starts ``swarmhub demo --port PORT`` in a temporary folder,
 /api/experiments/demo-albert/checkpoints``: epoch, held-out loss) and, as the organizer, the settings' warnings
 (``GET /api/experiments/demo-albert``: ``warnings``, computed with the fastest rate a peer of the experiment
 signed). The baseline is the cross-entropy of predicting each masked held-out label by its frequency in the demo's
-training shards (``albert.unigram_baseline``, the same as ``bench/albert_settings.py``), read from the corpus folder
+training shards (``AlbertMLMTask.baseline``, the same as ``bench/albert_settings.py``), read from the corpus folder
 the demo's server prepared. At the end it stops the demo with SIGINT (Ctrl-C) and checks that no process of it is
 left. Target (issue 42): 8 minutes after the dashboard answers, the newest checkpoint at least 0.5 nats below the
 baseline; no warning; no rise over the last three checkpoints at the end of a 25-minute run.

@@ -167,7 +167,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not detail:
             return {"status": "ok"}
         observability.check_metrics_token(request, settings.metrics_token or None)
-        hosted = swarm.all_peer_states().items()
+        hosted = swarm.supervisor.all_states().items()
         peers = {run_id: [s.model_dump(mode="json") for s in states] for run_id, states in hosted}
         down = [f"{run_id}/{s['kind']}" for run_id, states in peers.items() for s in states if s["state"] != "running"]
         return {"status": "degraded" if down else "ok", "not_running": down, "server_peers": peers}

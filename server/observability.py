@@ -82,7 +82,7 @@ class _SwarmCollector(Collector):
             "How many times the server's peer process of a run was started again",
             labels=["run_id", "kind"],
         )
-        for run_id, states in self.swarm.all_peer_states().items():
+        for run_id, states in self.swarm.supervisor.all_states().items():
             for state in states:
                 up.add_metric([run_id, state.kind], 1.0 if state.state == "running" else 0.0)
                 restarts.add_metric([run_id, state.kind], float(state.restarts))

@@ -224,7 +224,7 @@ def test_the_server_runs_an_auxiliary_peer_when_the_organizer_asks(tmp_path: Pat
     log = tmp_path / "peers" / f"{run_id}.aux.log"
 
     def witness_in_swarm() -> bool:
-        return any(s.kind == "witness" and s.in_swarm for s in host.peer_states(run_id))
+        return any(s.kind == "witness" and s.in_swarm for s in host.supervisor.states(run_id))
 
     try:
         deadline = time.monotonic() + 90
@@ -235,7 +235,7 @@ def test_the_server_runs_an_auxiliary_peer_when_the_organizer_asks(tmp_path: Pat
         assert host.aux_running(run_id)
         host.reconcile({run_id: (key, [], None, None)})  # the organizer turned it off
         assert not host.aux_running(run_id)
-        assert [s.kind for s in host.peer_states(run_id)] == ["monitor"]
+        assert [s.kind for s in host.supervisor.states(run_id)] == ["monitor"]
         host.reconcile({run_id: (key, [], config, None)})
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not witness_in_swarm():

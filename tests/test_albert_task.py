@@ -24,9 +24,8 @@ from swarmhub.worker.tasks.albert import (
     AlbertMLMTask,
     AlbertParams,
     CorpusNotAttached,
-    token_counts,
-    unigram_baseline,
 )
+from swarmhub.worker.tasks.unigram import token_counts, unigram_baseline
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 CPU = torch.device("cpu")

@@ -18,7 +18,8 @@ from swarmhub.server.models import Corpus, Experiment
 from swarmhub.server.snapshots import dashboard_snapshot
 from swarmhub.worker.data import LocalCorpus
 from swarmhub.worker.tasks import available_tasks, get_task
-from swarmhub.worker.tasks.albert import AlbertMLMTask, token_counts, unigram_baseline
+from swarmhub.worker.tasks.albert import AlbertMLMTask
+from swarmhub.worker.tasks.unigram import token_counts, unigram_baseline
 
 from .conftest import DOCSTRING_BYTES, api_token, csrf_from, login, make_experiment, make_user
 from .support import SMALL, corpora_on_disk

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from .client import MAX_CLOCK_SKEW_SECONDS, ApiClient, WorkerError
-from .protocol import ExperimentDetail, swarm_rate_cap, unthrottled_batch
+from .proposal import swarm_rate_cap, unthrottled_batch
+from .protocol import ExperimentDetail
 
 logger = logging.getLogger(__name__)
 

@@ -18,15 +18,13 @@ from pydantic import (
     model_validator,
 )
 
+from swarmhub.worker.proposal import SettingsProposal, swarm_rate_cap, unthrottled_batch
 from swarmhub.worker.protocol import (
     SLUG_RE,
     ExperimentConfig,
     ExperimentStatus,
     ExperimentSummary,
-    SettingsProposal,
     TrainingSettings,
-    swarm_rate_cap,
-    unthrottled_batch,
 )
 from swarmhub.worker.tasks import UnknownTask, get_task
 

@@ -11,15 +11,8 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from swarmhub.worker.protocol import (
-    DEFAULT_PLANNED_PEERS,
-    Aggregation,
-    OptimizerName,
-    Overlap,
-    TrainingSettings,
-    swarm_rate_cap,
-    unthrottled_batch,
-)
+from swarmhub.worker.proposal import DEFAULT_PLANNED_PEERS, swarm_rate_cap, unthrottled_batch
+from swarmhub.worker.protocol import Aggregation, OptimizerName, Overlap, TrainingSettings
 from swarmhub.worker.tasks import available_tasks, get_task
 
 from .. import corpus_upload, experiments, quotas, rollback, swarm_view, teams, training_data

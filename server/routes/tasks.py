@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from swarmhub.worker.protocol import DEFAULT_PLANNED_PEERS, SettingsProposal
+from swarmhub.worker.proposal import DEFAULT_PLANNED_PEERS, SettingsProposal
 from swarmhub.worker.tasks import UnknownTask, get_task
 
 from ..errors import NotFound, documented

@@ -138,7 +138,7 @@ class SwarmCoordinator:
         """Tell the other processes (and joins anywhere) where this process's bootstrap peers listen, and how its
         peer processes for each run are."""
         with self.sessions.begin() as session:
-            for run_id, states in self.swarm.all_peer_states().items():
+            for run_id, states in self.swarm.supervisor.all_states().items():
                 dumped = [state.model_dump(mode="json") for state in states]
                 leases.publish_peer_states(session, run_id, self.instance, dumped)
             for run_id in self.swarm.hosted():
@@ -151,7 +151,7 @@ class SwarmCoordinator:
         """The server's peer processes for ``run_id``: this process's own view when it hosts them, else what the
         holder of its lease published at its last reconcile (empty when no process hosts the run)."""
         if run_id in self.swarm.hosted():
-            return self.swarm.peer_states(run_id)
+            return self.swarm.supervisor.states(run_id)
         lease = leases.current(session, run_id)
         states = []
         for item in (lease.server_peers or []) if lease is not None else []:

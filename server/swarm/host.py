@@ -13,11 +13,8 @@ instead of the addresses it listens on.
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
-import os
-import signal
 import socket
 import subprocess
 import threading
@@ -31,7 +28,7 @@ from ..settings import tcp_maddr
 from . import commands as peer_commands
 from . import peer_logs
 from .events import Checkpoint, Failed, Keeping, Progress, Ready, parse
-from .supervision import PeerKind, PeerState, Supervision
+from .supervision import PeerKind, Supervisor, terminate
 
 logger = logging.getLogger("swarmhub.swarm")
 KEEPER_WAIT_SECONDS = 180.0  # joins wait this long at most for a starting checkpoint peer
@@ -78,9 +75,9 @@ class SwarmHost:
         self._keeper_ports: dict[str, int] = {}
         self._keeper_ready: set[str] = set()  # run_ids whose checkpoint peer is in the swarm with its state
         self._keeper_started: dict[str, float] = {}
-        self._supervision: dict[tuple[str, PeerKind], Supervision] = {}  # restarts, backoff and last error
         self._short_of_ports: set[str] = set()  # run_ids whose peer found no free port (logged once)
         self._lock = threading.Lock()
+        self.supervisor = Supervisor(self._lock)  # restarts, backoff, last error and state of each peer process
         # Called (in the peer's reader thread) with each progress event: the verified-contribution ledger.
         self.on_progress: Callable[[str, Progress], None] | None = None
         self.on_ready: Callable[[str], None] | None = None  # a bootstrap peer listens now
@@ -93,12 +90,12 @@ class SwarmHost:
             if isinstance(event, Ready):
                 peer.maddrs = event.maddrs
                 peer.ready.set()
-                self._supervised(peer.run_id, "monitor").in_swarm = True
+                self.supervisor.record(peer.run_id, "monitor").in_swarm = True
                 logger.info("swarm peer for %s listening on %s", peer.run_id, peer.maddrs)
                 if self.on_ready is not None:
                     self.on_ready(peer.run_id)
             elif isinstance(event, Failed):
-                self._supervised(peer.run_id, "monitor").failed_with(event.error)
+                self.supervisor.record(peer.run_id, "monitor").failed_with(event.error)
             elif isinstance(event, Progress):
                 peer.progress = event
                 if self.on_progress is not None:
@@ -134,58 +131,6 @@ class SwarmHost:
     def _network(self) -> peer_commands.Network:
         return peer_commands.Network(self.host, self.token_minutes, self.announce_host)
 
-    # -- supervision ----------------------------------------------------------------------------------------------
-
-    def _supervised(self, run_id: str, kind: PeerKind) -> Supervision:
-        record = self._supervision.get((run_id, kind))
-        if record is None:
-            record = self._supervision[(run_id, kind)] = Supervision(kind)
-        return record
-
-    def _may_start(self, run_id: str, kind: PeerKind) -> bool:
-        """Whether a peer process that is not running may be started now (call with the lock held): not before the
-        backoff of its last exit has passed."""
-        return self._supervised(run_id, kind).may_start()
-
-    def _watch(
-        self,
-        run_id: str,
-        kind: PeerKind,
-        process: subprocess.Popen[Any],
-        current: Callable[[], subprocess.Popen[Any] | None],
-        reader: threading.Thread | None = None,
-    ) -> None:
-        """Record ``process``'s start and, in a thread, its exit: unless the host stopped it on purpose (it is no
-        longer ``current()``), the exit starts its backoff. What it forked (hivemind's DHT and averagers, p2pd) is
-        in its process group: a peer that died is not left with orphans holding its port and its pipes."""
-        record = self._supervised(run_id, kind)
-        record.started()
-
-        def wait() -> None:
-            code = process.wait()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            if reader is not None:
-                reader.join(timeout=2)  # its last words (a ``failed`` event) first
-            with self._lock:
-                if current() is process:
-                    record.exited(code, run_id)
-
-        threading.Thread(target=wait, daemon=True, name=f"wait-{kind}-{run_id}").start()
-
-    def peer_states(self, run_id: str) -> list[PeerState]:
-        """The state of each peer process this host runs (or restarts) for ``run_id``."""
-        with self._lock:
-            records = [self._supervision[key] for key in sorted(self._supervision) if key[0] == run_id]
-            return [record.state() for record in records]
-
-    def all_peer_states(self) -> dict[str, list[PeerState]]:
-        """run_id -> :meth:`peer_states`, for every experiment this host runs peers for."""
-        return {run_id: self.peer_states(run_id) for run_id in sorted({key[0] for key in list(self._supervision)})}
-
-    def _forget(self, run_id: str, kind: PeerKind) -> None:
-        self._supervision.pop((run_id, kind), None)
-
     # -- the peers ---------------------------------------------------------------------------------------------
 
     def start(self, run_id: str, signing_key: str) -> Peer | None:
@@ -195,7 +140,7 @@ class SwarmHost:
             peer = self._peers.get(run_id)
             if peer is not None and peer.process.poll() is None:
                 return peer
-            if not self._may_start(run_id, "monitor"):
+            if not self.supervisor.may_start(run_id, "monitor"):
                 return None
             port = self._take_port(run_id, "swarm peer")
             if port is None:
@@ -213,7 +158,7 @@ class SwarmHost:
             self._peers[run_id] = peer
             reader = threading.Thread(target=self._read, args=(peer,), daemon=True, name=f"peer-{run_id}")
             reader.start()
-            self._watch(run_id, "monitor", process, lambda: _process_of(self._peers.get(run_id)), reader)
+            self.supervisor.watch(run_id, "monitor", process, lambda: _process_of(self._peers.get(run_id)), reader)
             logger.info("started swarm peer for %s (pid %s)", run_id, process.pid)
             return peer
 
@@ -227,7 +172,7 @@ class SwarmHost:
         peer = self._peers.get(run_id)
         if (process is not None and process.poll() is None) or peer is None or not peer.ready.is_set():
             return None
-        if not self._may_start(run_id, "witness" if running is self._aux else "checkpoints"):
+        if not self.supervisor.may_start(run_id, "witness" if running is self._aux else "checkpoints"):
             return None
         port = self._take_port(run_id, what)
         if port is None:
@@ -252,7 +197,7 @@ class SwarmHost:
                 target=self._read_companion, args=(run_id, "witness", process), daemon=True, name=f"aux-{run_id}"
             )
             reader.start()
-            self._watch(run_id, "witness", process, lambda: self._aux.get(run_id), reader)
+            self.supervisor.watch(run_id, "witness", process, lambda: self._aux.get(run_id), reader)
             logger.info("started the auxiliary peer for %s (pid %s)", run_id, process.pid)
 
     def _popen_companion(self, cmd: list[str], log: Path) -> subprocess.Popen[str]:
@@ -274,9 +219,9 @@ class SwarmHost:
         for line in process.stdout:
             event = parse(line)
             if isinstance(event, Failed):
-                self._supervised(run_id, kind).failed_with(event.error)
+                self.supervisor.record(run_id, kind).failed_with(event.error)
             elif isinstance(event, Ready):
-                self._supervised(run_id, kind).in_swarm = True
+                self.supervisor.record(run_id, kind).in_swarm = True
                 logger.info("the %s peer of %s is in the swarm as %s", kind, run_id, event.peer_id)
 
     def start_keeper(self, run_id: str, config: dict[str, Any]) -> None:
@@ -302,7 +247,7 @@ class SwarmHost:
                 target=self._read_keeper, args=(run_id, process), daemon=True, name=f"keeper-{run_id}"
             )
             reader.start()
-            self._watch(run_id, "checkpoints", process, lambda: self._keepers.get(run_id), reader)
+            self.supervisor.watch(run_id, "checkpoints", process, lambda: self._keepers.get(run_id), reader)
             logger.info("started the checkpoint peer for %s (pid %s)", run_id, process.pid)
 
     def _read_keeper(self, run_id: str, process: subprocess.Popen[str]) -> None:
@@ -310,9 +255,9 @@ class SwarmHost:
         for line in process.stdout:
             event = parse(line)
             if isinstance(event, Failed):
-                self._supervised(run_id, "checkpoints").failed_with(event.error)
+                self.supervisor.record(run_id, "checkpoints").failed_with(event.error)
             elif isinstance(event, Ready):
-                self._supervised(run_id, "checkpoints").in_swarm = True
+                self.supervisor.record(run_id, "checkpoints").in_swarm = True
             elif isinstance(event, Keeping):
                 self._keeper_ready.add(run_id)
                 logger.info("the checkpoint peer of %s is in the swarm at step %s", run_id, event.epoch)
@@ -328,9 +273,9 @@ class SwarmHost:
         with self._lock:
             process = self._keepers.pop(run_id, None)
             self._keeper_ports.pop(run_id, None)
-            self._forget(run_id, "checkpoints")
+            self.supervisor.forget(run_id, "checkpoints")
         if process is not None:
-            _terminate(process, timeout)
+            terminate(process, timeout)
             logger.info("stopped the checkpoint peer for %s", run_id)
 
     def keeper_pending(self, run_id: str) -> bool:
@@ -356,10 +301,10 @@ class SwarmHost:
         with self._lock:
             process = self._aux.pop(run_id, None)
             self._aux_ports.pop(run_id, None)
-            self._forget(run_id, "witness")
+            self.supervisor.forget(run_id, "witness")
         if process is None:
             return None
-        _terminate(process, timeout)
+        terminate(process, timeout)
         logger.info("stopped the auxiliary peer for %s", run_id)
         return process.returncode
 
@@ -372,10 +317,10 @@ class SwarmHost:
         self.stop_keeper(run_id)
         with self._lock:
             peer = self._peers.pop(run_id, None)
-            self._forget(run_id, "monitor")
+            self.supervisor.forget(run_id, "monitor")
         if peer is None:
             return
-        _terminate(peer.process, timeout)
+        terminate(peer.process, timeout)
         logger.info("stopped swarm peer for %s", run_id)
 
     def reconcile(self, running: dict[str, HostedSwarm]) -> None:
@@ -451,20 +396,3 @@ def _can_listen(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _terminate(process: subprocess.Popen[Any], timeout: float) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()  # the peer shuts its DHT down cleanly on SIGTERM
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        logger.warning("swarm peer %s did not stop in %.0f s: killing its process group", process.pid, timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    if process.stdin is not None:
-        process.stdin.close()
-    # stdout is left to the reader thread, which sees EOF now that the peer is gone (closing it here
-    # would block on the lock that thread holds while reading).

@@ -14,12 +14,18 @@ once per restart, and its state (``PeerState``) is what the organizer's swarm vi
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
+import signal
+import subprocess
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -118,6 +124,83 @@ class Supervision:
             last_error_at=stamp(self.last_error_at),
             next_attempt_at=next_attempt,
         )
+
+
+class Supervisor:
+    """The restart records of one host's peer processes, by (run_id, kind). ``lock`` is the host's: an exit is
+    recorded under it, so that a reconcile never sees a process gone and its backoff not yet started."""
+
+    def __init__(self, lock: threading.Lock):
+        self._lock = lock
+        self._records: dict[tuple[str, PeerKind], Supervision] = {}
+
+    def record(self, run_id: str, kind: PeerKind) -> Supervision:
+        found = self._records.get((run_id, kind))
+        if found is None:
+            found = self._records[(run_id, kind)] = Supervision(kind)
+        return found
+
+    def may_start(self, run_id: str, kind: PeerKind) -> bool:
+        """Whether a peer process that is not running may be started now (call with the lock held): not before the
+        backoff of its last exit has passed."""
+        return self.record(run_id, kind).may_start()
+
+    def forget(self, run_id: str, kind: PeerKind) -> None:
+        """The host stopped the process on purpose (call with the lock held)."""
+        self._records.pop((run_id, kind), None)
+
+    def watch(
+        self,
+        run_id: str,
+        kind: PeerKind,
+        process: subprocess.Popen[Any],
+        current: Callable[[], subprocess.Popen[Any] | None],
+        reader: threading.Thread | None = None,
+    ) -> None:
+        """Record ``process``'s start and, in a thread, its exit: unless the host stopped it on purpose (it is no
+        longer ``current()``), the exit starts its backoff. What it forked (hivemind's DHT and averagers, p2pd) is
+        in its process group: a peer that died is not left with orphans holding its port and its pipes."""
+        record = self.record(run_id, kind)
+        record.started()
+
+        def wait() -> None:
+            code = process.wait()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            if reader is not None:
+                reader.join(timeout=2)  # its last words (a ``failed`` event) first
+            with self._lock:
+                if current() is process:
+                    record.exited(code, run_id)
+
+        threading.Thread(target=wait, daemon=True, name=f"wait-{kind}-{run_id}").start()
+
+    def states(self, run_id: str) -> list[PeerState]:
+        """The state of each peer process the host runs (or restarts) for ``run_id``."""
+        with self._lock:
+            return [self._records[key].state() for key in sorted(self._records) if key[0] == run_id]
+
+    def all_states(self) -> dict[str, list[PeerState]]:
+        """run_id -> :meth:`states`, for every experiment the host runs peers for."""
+        return {run_id: self.states(run_id) for run_id in sorted({key[0] for key in list(self._records)})}
+
+
+def terminate(process: subprocess.Popen[Any], timeout: float) -> None:
+    """Stop a peer process: SIGTERM (it leaves the swarm cleanly), then SIGKILL to its group after ``timeout``."""
+    if process.poll() is not None:
+        return
+    process.terminate()  # the peer shuts its DHT down cleanly on SIGTERM
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        logger.warning("swarm peer %s did not stop in %.0f s: killing its process group", process.pid, timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    if process.stdin is not None:
+        process.stdin.close()
+    # stdout is left to the reader thread, which sees EOF now that the peer is gone (closing it here
+    # would block on the lock that thread holds while reading).
 
 
 def _describe_exit(returncode: int | None) -> str:

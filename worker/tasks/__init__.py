@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..protocol import DEFAULT_PLANNED_PEERS, OptimizerName, SettingsProposal, propose
+from ..proposal import DEFAULT_PLANNED_PEERS, SettingsProposal, propose
+from ..protocol import OptimizerName
 
 if TYPE_CHECKING:
     import torch
@@ -146,7 +147,7 @@ class Task(ABC):
 
     def proposal(self, planned_peers: int = DEFAULT_PLANNED_PEERS) -> SettingsProposal | None:
         """Settings under which a swarm of ``planned_peers`` reference peers is bound by compute, not by the
-        epoch-length guard (``swarmhub.worker.protocol.swarm_rate_cap``), with the optimizer and learning rate the
+        epoch-length guard (``swarmhub.worker.proposal.swarm_rate_cap``), with the optimizer and learning rate the
         task trains well with at that target batch size where it proposes them; None without a reference rate."""
         rate = self.reference_samples_per_second()
         if rate is None:

@@ -18,7 +18,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..protocol import OptimizerName
-from . import Baseline, Evaluation, Task
+from . import Evaluation, Task
+from .masking import IGNORE, Vocabulary, choose_positions
+from .unigram import UnigramBaseline, token_counts, unigram_baseline
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +70,6 @@ LAMB_RATE, LAMB_BATCH, LAMB_MAX_RATE = 0.02, 512, 0.04
 WEIGHT_DECAY = 0.01  # LAMB's recipe for BERT and ALBERT; none on biases and LayerNorm
 EVAL_SEED = 20_191_001  # fixed masking of the held-out set, so evaluations at different times compare
 EVAL_BATCH = 32
-IGNORE = -100  # the label torch's cross-entropy skips
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # BERT's split of the chosen positions: replaced by [MASK], by a random token, or left as they are.
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1
@@ -118,63 +119,6 @@ class AlbertParams(BaseModel):
         return self
 
 
-class UnigramBaseline(Baseline):
-    """How well a model that knows only token frequencies predicts the held-out masked tokens: the reference a
-    trained model must beat. ``cross_entropy`` is in nats, like the held-out loss; ``top1`` and ``top5`` are the
-    shares of the labels that are the most frequent token, or among the five most frequent."""
-
-    top5: float = Field(ge=0.0, le=1.0)
-
-
-def token_counts(shard_paths: Iterable[Path], vocab_size: int) -> np.ndarray:
-    """How often each token id occurs in the shards: an int64 array of length ``vocab_size``, special tokens
-    ([PAD] included) counted like the others (``unigram_baseline`` leaves them out). Ids at or above
-    ``vocab_size`` are an error: a shard that does not belong to this vocabulary."""
-    from ..data import load_sequences
-
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for path in shard_paths:
-        ids = load_sequences(Path(path)).ravel()
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-            raise ValueError(f"{Path(path).name} holds token ids outside the vocabulary of {vocab_size}")
-        counts += np.bincount(ids, minlength=vocab_size).astype(np.int64)
-    return counts
-
-
-def unigram_baseline(counts: np.ndarray, labels: np.ndarray, special_ids: Iterable[int]) -> UnigramBaseline:
-    """The unigram model's cross-entropy and top-1 / top-5 accuracy on ``labels`` (token ids; ``-100``, the
-    positions the loss skips, are left out).
-
-    The unigram model gives each ordinary token (not in ``special_ids``) the probability ``(count + 1) / (total +
-    ordinary tokens)``: its frequency with add-one smoothing, so a held-out token never seen in training costs a
-    finite loss; special tokens get none. Its top-k are the k ordinary tokens with the highest counts (the lower id
-    first among equal counts)."""
-    counts = np.asarray(counts, dtype=np.float64)
-    ordinary = np.ones(len(counts), dtype=bool)
-    ordinary[[int(i) for i in special_ids]] = False
-    if not ordinary.any():
-        raise ValueError("the vocabulary has no ordinary tokens")
-    smoothed = np.where(ordinary, counts + 1.0, 0.0)
-    probability = smoothed / smoothed.sum()
-    labels = np.asarray(labels).ravel()
-    labels = labels[labels != IGNORE]
-    if labels.size == 0:
-        return UnigramBaseline(cross_entropy=0.0, top1=0.0, top5=0.0, labels=0)
-    if int(labels.min()) < 0 or int(labels.max()) >= len(counts):
-        raise ValueError(f"labels hold token ids outside the vocabulary of {len(counts)}")
-    if not ordinary[labels].all():
-        raise ValueError("labels hold special tokens, which masking never chooses")
-    cross_entropy = float(-np.log(probability[labels]).mean())
-    order = np.argsort(-smoothed, kind="stable")  # most frequent first, the lower id among equals
-    top = order[: min(5, int(ordinary.sum()))]
-    return UnigramBaseline(
-        cross_entropy=cross_entropy,
-        top1=float(np.isin(labels, top[:1]).mean()),
-        top5=float(np.isin(labels, top).mean()),
-        labels=int(labels.size),
-    )
-
-
 class CorpusNotAttached(RuntimeError):
     """The task was used before :meth:`AlbertMLMTask.attach` gave it a corpus."""
 
@@ -204,7 +148,7 @@ class AlbertMLMTask(Task):
 
     def __init__(self, params: BaseModel | dict[str, Any] | None = None):
         super().__init__(params)
-        self._vocab: _Vocabulary | None = None
+        self._vocab: Vocabulary | None = None
         self._eval: tuple[Any, Any, Any] | None = None
 
     @property
@@ -277,10 +221,10 @@ class AlbertMLMTask(Task):
 
     # -- data --------------------------------------------------------------------------------------------------
 
-    def _vocabulary(self) -> _Vocabulary:
+    def _vocabulary(self) -> Vocabulary:
         if self._vocab is None:
             corpus = self._corpus()
-            self._vocab = _Vocabulary.load(corpus.file("tokenizer.json"), corpus.manifest)
+            self._vocab = Vocabulary.load(corpus.file("tokenizer.json"), corpus.manifest)
         return self._vocab
 
     def masked_batch(
@@ -310,7 +254,7 @@ class AlbertMLMTask(Task):
             starts = maskable & ~(vocab.continuation[ids] & previous_maskable)
         else:
             starts = maskable
-        chosen_starts = _choose(starts, self.params.mlm_probability, rng)
+        chosen_starts = choose_positions(starts, self.params.mlm_probability, rng)
         # Every maskable token belongs to the word of the nearest start at or before it (same maskable run).
         positions = np.arange(ids.shape[1])
         word_start = np.maximum.accumulate(np.where(starts, positions, -1), axis=1)
@@ -430,39 +374,3 @@ class AlbertMLMTask(Task):
         corpus = self._corpus()
         for name in TOKENIZER_FILES:
             shutil.copyfile(corpus.file(name), folder / name)
-
-
-def _choose(candidates: np.ndarray, probability: float, rng: np.random.Generator) -> np.ndarray:
-    """Per row, a random subset of the ``True`` positions: ``probability`` of them, rounded at random, at least
-    one where the row has any."""
-    available = candidates.sum(axis=1)
-    wanted = np.floor(available * probability + rng.random(len(available))).astype(np.int64)
-    wanted = np.clip(wanted, np.minimum(available, 1), available)
-    scores = np.where(candidates, rng.random(candidates.shape), np.inf)
-    rank = np.argsort(np.argsort(scores, axis=1), axis=1)  # each position's place in its row's random order
-    return rank < wanted[:, None]
-
-
-class _Vocabulary:
-    """What masking needs from the tokenizer: which ids are special, which are ``##`` pieces, and the ids a
-    random replacement may take."""
-
-    def __init__(self, model_size: int, special_ids: dict[str, int], pieces: dict[str, int], prefix: str):
-        size = max(model_size, max(pieces.values(), default=-1) + 1)
-        self.pad_id = int(special_ids["pad"])
-        self.mask_id = int(special_ids["mask"])
-        self.special = np.zeros(size, dtype=bool)
-        self.special[[int(i) for i in special_ids.values()]] = True
-        self.continuation = np.zeros(size, dtype=bool)
-        for token, index in pieces.items():
-            if token.startswith(prefix):
-                self.continuation[index] = True
-        self.ordinary = np.flatnonzero(~self.special[:model_size])  # ids the model's output layer has
-
-    @classmethod
-    def load(cls, tokenizer_json: Path, manifest: dict[str, Any]) -> _Vocabulary:
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(tokenizer_json))
-        prefix = getattr(tokenizer.model, "continuing_subword_prefix", None) or "##"
-        return cls(int(manifest["vocab_size"]), manifest["special_tokens"], tokenizer.get_vocab(), prefix)
