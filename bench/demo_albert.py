@@ -61,6 +61,7 @@ def main() -> int:
         base = demo_baseline(folder / ".swarmhub-demo")
         print(f"unigram baseline of the demo's held-out set: {base.cross_entropy:.3f} nats", flush=True)
         seen: dict[int, float] = {}
+        next_credit = 2.0
         warnings: set[str] = set()
         while time.monotonic() - answered < args.minutes * 60:
             time.sleep(POLL_SECONDS)
@@ -76,6 +77,10 @@ def main() -> int:
                         f"{point['eval_loss']:.3f} ({below:+.2f} below the baseline)",
                         flush=True,
                     )
+            credit = credit_line(url)
+            if minute >= next_credit:
+                print(f"minute {minute:5.1f}: verified/claimed {credit}", flush=True)
+                next_credit += 2.0
             experiment = httpx.get(f"{url}/api/experiments/demo-albert", headers=organizer, timeout=10).json()
             for warning in experiment.get("warnings", []):
                 if warning["message"] not in warnings:
@@ -89,6 +94,10 @@ def main() -> int:
             f"{base.cross_entropy:.3f} (target >= 0.5): {'PASS' if below >= 0.5 else 'MISS'}"
         )
         print(f"last three checkpoints: {', '.join(f'{x:.3f}' for x in losses[-3:])}; warnings: {len(warnings)}")
+        print(f"verified/claimed at the end: {credit_line(url)}")
+        swarm = httpx.get(f"{url}/api/experiments/demo-albert/swarm", headers=organizer, timeout=10).json()
+        peers = swarm.get("server_peers", [])
+        print("server peers: " + ", ".join(f"{p['kind']} {p['state']} restarts {p['restarts']}" for p in peers))
     finally:
         if demo.poll() is None:
             demo.send_signal(signal.SIGINT)
@@ -101,6 +110,15 @@ def main() -> int:
         print(f"cleanup: {len(left)} process(es) of the demo left" + (f": {left}" if left else ""))
         print(Path(log.name).read_text()[-400:])
     return 0
+
+
+def credit_line(url: str) -> str:
+    """Each volunteer's verified and claimed samples on the public leaderboard, and their ratio."""
+    rows = httpx.get(f"{url}/api/experiments/demo-albert/leaderboard", timeout=10).json()
+    return "; ".join(
+        f"{r['username']} {r['samples']:,}/{r['claimed_samples']:,} = {r['samples'] / max(r['claimed_samples'], 1):.3f}"
+        for r in sorted(rows, key=lambda r: r["username"])
+    )
 
 
 def wait_dashboard(url: str, demo: subprocess.Popen[str], log: object, timeout: float = 300) -> float:

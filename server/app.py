@@ -37,6 +37,7 @@ from .settings import Settings
 from .swarm.coordinator import SwarmCoordinator
 from .swarm.host import SwarmHost
 from .views import render_error
+from .worker_package import WorkerPackages
 
 logger = logging.getLogger("swarmhub.server")
 
@@ -102,10 +103,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     live = LiveHub(settings.live_interval_seconds, settings.redis_url, settings.redis_channel)
     coordinator = SwarmCoordinator(settings, sessions, swarm, live)
+    packages = WorkerPackages(settings.worker_wheel_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(migrate, engine)
+        packages.start()  # found or built in the background: the pages show the install command once it is ready
         tasks = [
             asyncio.create_task(coordinator.run()),
             asyncio.create_task(live.run(lambda slug: ws.live_snapshot(app, slug))),
@@ -137,6 +140,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         team_stats=exports.Dump(settings.stats_cache_seconds, team_service.stats_bodies),
         hub=HubCache(settings.active_window_seconds, settings.stats_cache_seconds),
         addresses=AddressWatch(sessions),
+        worker_package=packages,
     )
 
     web = Path(str(files("swarmhub.web")))

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # types only: this module is imported by the routes, which th
     from .settings import Settings
     from .swarm.coordinator import SwarmCoordinator
     from .swarm.host import SwarmHost
+    from .worker_package import WorkerPackages
 
 
 @dataclass(eq=False)
@@ -37,6 +38,7 @@ class Services:
     team_stats: Dump
     hub: HubCache  # the front page's figures
     addresses: AddressWatch  # bootstrap addresses that joins wait for
+    worker_package: WorkerPackages  # the worker wheel volunteers install from this hub
     reports: ReportWriter | None = None  # the websocket report writer, while the server runs (its lifespan)
 
 

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     redis_url: str = ""  # redis://host:6379/0: live updates fan out and rate limits are shared across processes
     redis_channel: str = "swarmhub:live"  # pub/sub channel, rate-limit key prefix: one per deployment sharing a Redis
     metrics_token: str = ""  # when set, GET /metrics (Prometheus) needs "Authorization: Bearer <it>"
+    # A folder holding swarmhub-{version}-py3-none-any.whl, the worker this hub serves volunteers; empty: built once
+    # from the source tree the server runs from (server/worker_package.py)
+    worker_wheel_dir: Path | None = None
     corpus_max_mb: float = Field(default=64.0, gt=0, le=4096)  # the largest training text an organizer may upload
     corpus_dir: Path | None = None  # a folder of *.txt files organizers may pick as training text (server-side)
     checkpoints_kept: int = Field(default=3, ge=1, le=1000)  # model checkpoints kept on disk per experiment

@@ -11,6 +11,8 @@ from fastapi.templating import Jinja2Templates
 
 from .deps import CSRF_COOKIE, csrf_token_for
 from .services import services
+from .snapshots import base_url
+from .worker_package import install_info
 
 templates = Jinja2Templates(directory=str(files("swarmhub.web") / "templates"))
 
@@ -25,8 +27,12 @@ def render(
     status_code: int = 200,
 ) -> HTMLResponse:
     csrf = csrf_token_for(request, web)
+    worker = install_info(services(request.app).worker_package, base_url(request, services(request.app).settings))
     response = templates.TemplateResponse(
-        request, name, {"user": user, "csrf_token": csrf, **(context or {})}, status_code=status_code
+        request,
+        name,
+        {"user": user, "csrf_token": csrf, "worker": worker, **(context or {})},
+        status_code=status_code,
     )
     new = getattr(request.state, "new_csrf", None)
     if new:

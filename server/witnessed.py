@@ -11,11 +11,14 @@ monitor peer reads that record and attributes each sender through the roster. Th
 
 What a sender is credited for a round is its weight there, which the reducers already capped (at the target
 batch, and at twice the round's median claim with three senders or more), and no more than keeps the peer's credit
-over the last ``WINDOW_SECONDS`` at or below another volunteer's peer's of its device class over the same window
-(that peer's weight in this round included, when it took part): a peer gains at most what the fastest peer of
-another volunteer of its class gains over the same time (``_window_bound``), and an account at most that per peer
-it runs (``max_peers_per_volunteer``). With no other volunteer of its class the bound is the fastest peer of any
-other volunteer; with no other volunteer at all, the reducers' caps only.
+over the last ``WINDOW_SECONDS`` at or below the weight another volunteer's peer of its device class sent in the
+rounds witnessed over the same window (this round included, when it took part): a peer gains at most what the
+fastest peer of another volunteer of its class trained, as witnessed, over the same time (``_window_bound``), and an
+account at most that per peer it runs (``max_peers_per_volunteer``). The bound is the other's witnessed weight, not
+its credit: on a swarm whose rounds each hold one volunteer's peer and the witness (peers that finish their batches
+at different moments), a bound on credits would hold each honest peer to the other's credit, which is held to its
+own in turn, and neither would ever be credited. With no other volunteer of its class the bound is the fastest peer
+of any other volunteer; with no other volunteer at all, the reducers' caps only.
 A peer that publishes records, claims a huge batch or a made-up rate gains nothing beyond that: only rounds in
 which the server's peer received a full, finite slice from it count, and none before its first progress record.
 Where the guarantee ends: the fastest honest volunteer of a class is credited at most the second fastest's
@@ -99,8 +102,8 @@ def record_rounds(session: Session, experiment: Experiment, rounds: list[Round],
     totals = contributions.experiment_totals(session, experiment.id)  # locked, as every change of the totals
     rows = contributions.volunteer_totals(session, experiment.id, set(users.values()))
     first = datetime.fromtimestamp(min(fresh[0].time, now.timestamp()), timezone.utc)
-    window = _window_credits(session, experiment.id, first - timedelta(seconds=WINDOW_SECONDS))
-    classes = _classes(session, experiment.id, {user_id for user_id, _ in window}, rows)
+    window, sent = _window_credits(session, experiment.id, first - timedelta(seconds=WINDOW_SECONDS))
+    classes = _classes(session, experiment.id, {user_id for user_id, _ in sent}, rows)
     peer_ids = {s.peer_id for r in fresh for s in r.senders}
     known_peers = {
         peer.peer_id: peer
@@ -113,7 +116,7 @@ def record_rounds(session: Session, experiment: Experiment, rounds: list[Round],
         row = WitnessedRound(experiment_id=experiment.id, round_id=item.id, epoch=item.epoch, witnessed_at=at)
         session.add(row)
         session.flush()
-        before = dict(window)
+        before = dict(sent)
         weights = {(users[s.username], s.peer_id): s.weight for s in item.senders if s.username in users}
         for sender in item.senders:
             user_id = users.get(sender.username)
@@ -137,21 +140,29 @@ def record_rounds(session: Session, experiment: Experiment, rounds: list[Round],
                 )
             )
             window[user_id, sender.peer_id] = window.get((user_id, sender.peer_id), 0) + credited
+            sent[user_id, sender.peer_id] = sent.get((user_id, sender.peer_id), 0.0) + sender.weight
             rows[user_id].verified_samples += credited
             totals.verified_samples += credited
     session.flush()
     return len(fresh)
 
 
-def _window_credits(session: Session, experiment_id: int, since: datetime) -> dict[tuple[int, str], int]:
-    """(user ID, peer ID) -> samples credited in the rounds witnessed since ``since``."""
+def _window_credits(
+    session: Session, experiment_id: int, since: datetime
+) -> tuple[dict[tuple[int, str], int], dict[tuple[int, str], float]]:
+    """(user ID, peer ID) -> samples credited in the rounds witnessed since ``since``, and -> the weight (as the
+    reducers capped it) sent in those rounds."""
     rows = session.execute(
-        select(RoundCredit.user_id, RoundCredit.peer_id, func.sum(RoundCredit.credited))
+        select(
+            RoundCredit.user_id, RoundCredit.peer_id, func.sum(RoundCredit.credited), func.sum(RoundCredit.weight)
+        )
         .join(WitnessedRound, WitnessedRound.id == RoundCredit.round_pk)
         .where(WitnessedRound.experiment_id == experiment_id, WitnessedRound.witnessed_at >= since)
         .group_by(RoundCredit.user_id, RoundCredit.peer_id)
     ).all()
-    return {(int(user_id), peer_id): int(total or 0) for user_id, peer_id, total in rows}
+    credits = {(int(user_id), peer_id): int(total or 0) for user_id, peer_id, total, _ in rows}
+    sent = {(int(user_id), peer_id): float(weight or 0.0) for user_id, peer_id, _, weight in rows}
+    return credits, sent
 
 
 def _classes(
@@ -172,17 +183,18 @@ def _classes(
 
 
 def _window_bound(
-    credited: dict[tuple[int, str], int],
+    sent: dict[tuple[int, str], float],
     weights: dict[tuple[int, str], float],
     classes: dict[int, set[str]],
     user_id: int,
 ) -> float:
     """The most a peer of ``user_id`` may have been credited in the window with this round: the largest of another
-    volunteer's peer's credit in the window plus its weight in this round, among the volunteers sharing a device
-    class with ``user_id`` (among all others when none does); unbounded when no other volunteer's peer gained any."""
-    peers = set(credited) | set(weights)
-    others = {peer: credited.get(peer, 0) + weights.get(peer, 0.0) for peer in peers if peer[0] != user_id}
-    others = {peer: amount for peer, amount in others.items() if amount > 0}  # a peer that gained nothing sets nothing
+    volunteer's peer's witnessed weight in the window plus its weight in this round, among the volunteers sharing a
+    device class with ``user_id`` (among all others when none does); unbounded when no other volunteer's peer sent
+    any."""
+    peers = set(sent) | set(weights)
+    others = {peer: sent.get(peer, 0.0) + weights.get(peer, 0.0) for peer in peers if peer[0] != user_id}
+    others = {peer: amount for peer, amount in others.items() if amount > 0}  # a peer that sent nothing sets nothing
     own = classes.get(user_id, {"cpu"})
     same = [amount for (other, _), amount in others.items() if classes.get(other, {"cpu"}) & own]
     if same:

@@ -294,18 +294,18 @@ def test_totals_equal_a_recount_through_epochs_duplicates_late_reads_and_a_remov
     # her claim is no longer far above it; her signed rate is held against the other cpu peers' instead.
     run.read(6, ("mallory", "QmM", 3, 40, 2000.0))
     # a round one second later where she claims a huge weight: credited at most what the fastest other cpu peer
-    # gained in the last WINDOW_SECONDS (60: Grace's, and ada's second peer's)
+    # sent in the witnessed rounds of the last WINDOW_SECONDS (ada's second peer: 100, of which it was credited 60)
     assert run.witness(7, "g3", 3, ("mallory", "QmM", 1e9)) == 1
     board, _ = run.check()
     rows = {r["username"]: r for r in board}
-    assert rows["mallory"]["samples"] == 60
-    # and no more in a round ten seconds on: the others gained nothing since
+    assert rows["mallory"]["samples"] == 100
+    # and no more in a round ten seconds on: the others sent nothing since
     assert run.witness(17, "g4", 4, ("mallory", "QmM", 1e9)) == 1
-    assert {r["username"]: r for r in run.check()[0]}["mallory"]["samples"] == 60
+    assert {r["username"]: r for r in run.check()[0]}["mallory"]["samples"] == 100
     # once the window has passed, ada's peer's work sets the bound again: 10 in the window that ends at 610 s
     assert run.witness(610, "g5", 5, ("ada", "QmA1", 10.0)) == 1
     assert run.witness(611, "g6", 6, ("mallory", "QmM", 1e9)) == 1
-    assert {r["username"]: r for r in run.check()[0]}["mallory"]["samples"] == 60 + 10
+    assert {r["username"]: r for r in run.check()[0]}["mallory"]["samples"] == 100 + 10
     assert "rate:cpu" not in rows["mallory"]["flags"] and "signed:cpu" in rows["mallory"]["flags"]
     assert rows["ada"]["flags"] == [] and rows["Grace"]["flags"] == []  # ada (cpu and cuda) has no other cuda peer
 
@@ -356,3 +356,23 @@ def test_dashboard_snapshot_shows_the_top_rows_only(db, app):
     assert len(snapshot["leaderboard"]) == DASHBOARD_ROWS
     assert snapshot["leaderboard"][0]["username"] == f"crowd{DASHBOARD_ROWS + 2:03d}"
     assert snapshot["metrics"]["summary"]["total_samples"] == sum(range(DASHBOARD_ROWS + 3))
+
+
+def test_honest_volunteers_in_rounds_of_their_own_are_each_credited_in_full(client, volunteers):
+    """Two honest cpu volunteers whose peers finish their batches at different moments: each round holds one of
+    them and the witness, never both. The one whose rounds come second is credited all it sent, the other all but
+    one round (it is held to what the other has sent so far, one round behind). A bound on the other's credit instead
+    of its witnessed weight held each at the other's credit, which was held to its own: neither was credited beyond
+    the first round. A forger claiming the reducers' cap in rounds of its own is still held to what the fastest
+    other volunteer's peer of its class sent over the window."""
+    run, _ = volunteers
+    run.read(1, ("Grace", "QmG", 1, 10, 50.0), ("zed", "QmZ", 1, 10, 50.0), ("mallory", "QmM", 1, 10, 50.0))
+    for index in range(10):
+        assert run.witness(2 + 2 * index, f"g{index}", 1 + index, ("Grace", "QmG", 100.0)) == 1
+        assert run.witness(3 + 2 * index, f"z{index}", 1 + index, ("zed", "QmZ", 100.0)) == 1
+    rows = {r["username"]: r for r in run.check()[0]}
+    assert (rows["Grace"]["samples"], rows["zed"]["samples"]) == (9 * 100, 10 * 100)
+    for index in range(12):  # 128: the experiment's target batch, where every reducer caps a claimed weight
+        assert run.witness(30 + index, f"m{index}", 11 + index, ("mallory", "QmM", 128.0)) == 1
+    rows = {r["username"]: r for r in run.check()[0]}
+    assert rows["mallory"]["samples"] == 10 * 100  # zed's (or Grace's) witnessed weight over the window, not 12 x 128

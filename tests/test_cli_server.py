@@ -284,7 +284,7 @@ def hosted_elsewhere(settings, slug: str):
     [
         (None, "the hub runs an earlier swarmhub: ask its operator to upgrade the server"),
         (SWARM_PROTOCOL - 1, "the hub runs an earlier swarmhub: ask its operator to upgrade the server"),
-        (SWARM_PROTOCOL + 1, "upgrade with `pip install -U swarmhub`, then join again"),
+        (SWARM_PROTOCOL + 1, "upgrade with `swarmhub upgrade` (the worker the hub serves), then join again"),
     ],
 )
 def test_join_refuses_a_hub_whose_swarm_speaks_another_protocol(settings, tmp_path, hub_speaks, fix):
@@ -328,7 +328,7 @@ def test_the_server_refuses_a_worker_too_old_for_its_swarm_and_admits_nothing(se
     assert old.status_code == 426, old.text
     assert old.json()["field"] == "client_version"
     assert "swarmhub 0.2.0 cannot join this swarm" in old.json()["detail"]
-    assert "pip install -U swarmhub" in old.json()["detail"]
+    assert "upgrade with `swarmhub upgrade`" in old.json()["detail"]
     assert admitted == 0
     assert current.status_code == 200, current.text  # the control: the same join from this version
     assert current.json()["swarm_protocol"] == SWARM_PROTOCOL == 3
@@ -372,7 +372,7 @@ def test_a_worker_too_old_for_the_swarm_gets_no_renewal_either(settings):
     assert "swarmhub 0.2.9 cannot stay in this swarm" in old.json()["detail"]
     assert refused.value.exit_code == ExitCode.UPGRADE == 9
     assert refused.value.message == old.json()["detail"]
-    assert "upgrade with `pip install -U swarmhub`, then join again" in refused.value.message
+    assert "upgrade with `swarmhub upgrade`" in refused.value.message
     assert script.status_code == 200, script.text
     # the deny-list poll (every 5 s while a worker trains) tells it too, and still answers this version
     assert poll_refused.value.exit_code == ExitCode.UPGRADE

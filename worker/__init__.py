@@ -1,4 +1,5 @@
-"""swarmhub's worker: what a volunteer installs (``pip install swarmhub``) to train with a swarm.
+"""swarmhub's worker: what a volunteer installs to train with a swarm (from the hub it joins: ``GET /api/worker``
+gives the pip command pinned to the hub's wheel).
 
 Imported as ``swarmhub.worker``. It never imports the server, FastAPI or SQLAlchemy.
 

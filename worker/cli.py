@@ -118,6 +118,37 @@ def login(server_opt: str | None, with_token: bool, scope: str, insecure: bool) 
 
 
 @main.command()
+@click.option("--server", "server_opt", metavar="URL", help="Server URL (default: SWARMHUB_SERVER or the last one)")
+@click.option("--dry-run", is_flag=True, help="Print the command instead of running it")
+@insecure_option
+def upgrade(server_opt: str | None, dry_run: bool, insecure: bool) -> None:
+    """Install the worker the hub serves (its version, pinned to its wheel's hash) into this Python."""
+    import subprocess
+
+    settings = worker_settings()
+    stored = load_credentials(settings.config_dir)
+    server = server_opt or settings.server or (stored.server if stored else None)
+    if not server:
+        raise WorkerError("No server given: run `swarmhub upgrade --server URL`", ExitCode.USAGE)
+    with ApiClient(require_encryption(server, insecure), user_agent=USER_AGENT) as client:
+        package = client.worker_package()
+    if not package.available or package.url is None or package.sha256 is None:
+        raise WorkerError(
+            f"{server} serves no worker package ({package.problem or 'it is being prepared: try again in a minute'})",
+            ExitCode.ERROR,
+        )
+    command = [sys.executable, "-m", "pip", "install", "--upgrade", f"swarmhub @ {package.url}#sha256={package.sha256}"]
+    if dry_run:
+        click.echo(" ".join(command))
+        return
+    click.echo(f"Installing swarmhub {package.version} from {package.url} ...")
+    done = subprocess.run(command, check=False)  # noqa: S603 - pip, with the hub's URL pinned to its hash
+    if done.returncode != 0:
+        raise WorkerError(f"pip failed (exit {done.returncode}): see its output above", ExitCode.ERROR)
+    click.echo(f"Installed swarmhub {package.version}: run `swarmhub --version` to check.")
+
+
+@main.command()
 @insecure_option
 def logout(insecure: bool) -> None:
     """Revoke the stored token on the server (best effort) and delete it from this machine."""

@@ -80,6 +80,7 @@ from .protocol import (
     SwarmTokenRequest,
     TokenResponse,
     UploadResult,
+    WorkerInstall,
 )
 
 T = TypeVar("T")
@@ -218,7 +219,7 @@ class ApiClient:
             )
         raise WorkerError(
             f"The server refused the request (HTTP {status}: {detail}): "
-            "is this swarmhub version compatible? try `pip install -U swarmhub`",
+            "is this swarmhub version compatible? try `swarmhub upgrade`",
             ExitCode.ERROR,
         )
 
@@ -231,7 +232,7 @@ class ApiClient:
         except ValidationError:
             raise WorkerError(
                 f"Unexpected answer from {self.server_url}{response.request.url.path}: "
-                "is it a swarmhub server of a compatible version? try `pip install -U swarmhub`",
+                "is it a swarmhub server of a compatible version? try `swarmhub upgrade`",
                 ExitCode.UNREACHABLE,
             ) from None
 
@@ -280,6 +281,12 @@ class ApiClient:
         response = self._send("GET", "/api/me", auth=True, token=token)
         self._raise_for_status(response)
         return self._parse(Me, response)
+
+    def worker_package(self) -> WorkerInstall:
+        """The worker this hub serves (``GET /api/worker``): its wheel, hash and install command."""
+        response = self._send("GET", "/api/worker", auth=None)
+        self._raise_for_status(response)
+        return self._parse(WorkerInstall, response)
 
     def revoke_token(self) -> None:
         response = self._send("DELETE", "/api/auth/token", auth=True)

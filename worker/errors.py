@@ -57,7 +57,9 @@ def upgrade_required(detail: str) -> WorkerError:
     """The hub's answer 426: its swarm speaks a newer protocol than this worker (``detail`` is the server's line,
     which says to upgrade)."""
     return WorkerError(
-        detail or "The hub's swarm needs a newer swarmhub: upgrade with `pip install -U swarmhub`, then join again",
+        detail
+        or "The hub's swarm needs a newer swarmhub: upgrade with `swarmhub upgrade` (the worker the hub serves), "
+        "then join again",
         ExitCode.UPGRADE,
     )
 

@@ -218,7 +218,7 @@ def check_swarm_protocol(server_url: str, joined: JoinResponse) -> None:
     fix = (
         "the hub runs an earlier swarmhub: ask its operator to upgrade the server"
         if joined.swarm_protocol < SWARM_PROTOCOL
-        else "upgrade with `pip install -U swarmhub`, then join again"
+        else "upgrade with `swarmhub upgrade` (the worker the hub serves), then join again"
     )
     raise WorkerError(
         f"The swarm at {server_url} speaks protocol {joined.swarm_protocol} and this swarmhub {SWARM_PROTOCOL}: {fix}",

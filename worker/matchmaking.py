@@ -53,7 +53,12 @@ def install(poll: float = MIN_POLL_SECONDS) -> None:
             if wait > 0:
                 await asyncio.sleep(wait)
         self._swarmhub_last_lookup = time.monotonic()
-        return await original(self, group_key, only_active)
+        found = await original(self, group_key, only_active)
+        # who declared themselves in this key, and until when (``_needed_group_size`` looks for a witness there)
+        self._swarmhub_declared = {peer.to_base58(): expiration for peer, expiration in found}
+        if _EXPECTING and self.prefix.endswith("_grad_averager"):
+            _learn_server_peers(self.dht, self._swarmhub_declared)
+        return found
 
     get_averagers.__swarmhub_original__ = original  # type: ignore[attr-defined]
     get_averagers.__doc__ = original.__doc__
@@ -67,3 +72,91 @@ def uninstall() -> None:
     original = getattr(GroupKeyManager.get_averagers, "__swarmhub_original__", None)
     if original is not None:
         GroupKeyManager.get_averagers = original  # type: ignore[method-assign]
+
+
+# -- waiting for the server's witness -------------------------------------------------------------------------------
+#
+# Only the rounds that the server's witness (its auxiliary peer) takes part in earn verified credit, and on a busy
+# machine the witness can be a moment late: two volunteers' peers then average without it, and neither is credited
+# for that round. hivemind's leader assembles its group when its declared time is up if it has at least
+# ``min_group_size`` members (``Matchmaking._request_join_potential_leaders``, ``rpc_join_group``). With
+# :func:`expect_witnesses`, that threshold is read through :func:`_needed_group_size`: while the leader's followers
+# include none of the witnesses the hub named at the join, a witness has declared itself in the group key lately (it is
+# alive and looking), and the round's scheduled time is less than ``grace`` seconds past, no group is good enough:
+# the leader sends its followers away and keeps looking (each one looks again too), and the witness joins one of them.
+# After the grace, or with no witness seen, hivemind's own threshold applies: a round without a witness is a round
+# uncredited, never a round not averaged. Gradient rounds only (the witness averages no state).
+
+_WITNESSES: frozenset[str] = frozenset()
+_GRACE = 0.0
+_NEVER = 2**31
+_EXPECTING = False
+# The server's peers among those declared in the gradient key, learnt from the roster in the averager's process: a
+# witness that started after this peer joined is waited for too. Read at most every ROSTER_SECONDS, and only when a
+# peer not classified yet declares itself.
+ROSTER_SECONDS = 10.0
+_SERVER_PEERS: set[str] = set()
+_OTHER_PEERS: set[str] = set()
+_roster_read_at = -ROSTER_SECONDS
+
+
+def witness_grace(matchmaking_time: float) -> float:
+    """How long past its scheduled time a leader waits for a witness: two matchmaking times, at least a second."""
+    return max(2.0 * matchmaking_time, 1.0)
+
+
+def expect_witnesses(witnesses: frozenset[str], grace: float) -> None:
+    """Make the gradient rounds this process (and the averager processes it forks after this call) leads wait up to
+    ``grace`` seconds for one of ``witnesses`` (peer IDs, base58)."""
+    from hivemind.averaging.matchmaking import Matchmaking
+
+    global _WITNESSES, _GRACE, _EXPECTING
+    _WITNESSES, _GRACE, _EXPECTING = frozenset(witnesses), grace, True
+    if not isinstance(Matchmaking.__dict__.get("min_group_size"), property):
+        Matchmaking.min_group_size = property(_needed_group_size, _set_min_group_size)  # type: ignore[attr-defined]
+
+
+def _learn_server_peers(dht: Any, declared: dict[str, float]) -> None:
+    """Add the server's peers among ``declared`` to those waited for (a blocking roster read in the averager's loop,
+    as ``state_guard`` makes; at most every ROSTER_SECONDS)."""
+    global _roster_read_at
+    unknown = declared.keys() - _SERVER_PEERS - _OTHER_PEERS
+    if not unknown or time.monotonic() - _roster_read_at < ROSTER_SECONDS:
+        return
+    from . import robust, swarm_access
+    from .swarm_epoch import Roster
+
+    if robust.POLICY.experiment_key is None:
+        return
+    _roster_read_at = time.monotonic()
+    try:
+        names = Roster(dht, robust.POLICY.run_id, robust.POLICY.experiment_key).usernames(unknown)
+    except Exception:  # the next lookup tries again
+        return
+    for peer in unknown & names.keys():
+        (_SERVER_PEERS if names[peer] == swarm_access.SERVER_PEER_USERNAME else _OTHER_PEERS).add(peer)
+
+
+def _set_min_group_size(self: Any, value: int) -> None:
+    self._swarmhub_min_group_size = value
+
+
+def _needed_group_size(self: Any) -> int:
+    from hivemind.utils import get_dht_time
+
+    # (an instance made before the property was installed keeps its own value in its __dict__)
+    base: int = self.__dict__.get("_swarmhub_min_group_size", self.__dict__.get("min_group_size", 2))
+    witnesses = _WITNESSES | _SERVER_PEERS
+    if not witnesses or not self._prefix.endswith("_grad_averager") or self.step_control is None:
+        return base
+    if self.peer_id.to_base58() in witnesses:
+        return base
+    if any(peer.to_base58() in witnesses for peer in self.current_followers):
+        return base
+    now = get_dht_time()
+    if now > self.step_control.scheduled_time + _GRACE:
+        return base
+    declared = getattr(self.group_key_manager, "_swarmhub_declared", {})
+    if not any(expiration >= now - _GRACE for peer, expiration in declared.items() if peer in witnesses):
+        return base  # no witness looking for a group lately: nothing to wait for
+    return _NEVER

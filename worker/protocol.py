@@ -211,6 +211,12 @@ class JoinResponse(BaseModel):
     swarm_protocol: int = Field(
         default=1, description="The protocol the swarm's peers speak to each other (a worker joins only its own)"
     )
+    witness_peers: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Peer IDs of the server's witnesses (its auxiliary peers) in the swarm: a volunteer's peer that "
+        "leads an averaging round waits a little for one of them, since only witnessed rounds earn verified credit",
+    )
 
 
 class MetricReport(BaseModel):
@@ -322,3 +328,17 @@ class ReachabilityResult(BaseModel):
 
     reachable: bool = Field(description="The server could open a TCP connection to at least one address")
     results: list[DialResult]
+
+
+class WorkerInstall(BaseModel):
+    """How a volunteer installs the worker this hub speaks."""
+
+    available: bool = Field(description="Whether this hub serves its worker (false while it is prepared at start-up)")
+    version: str = Field(description="The hub's swarmhub version: the worker it serves is the same")
+    filename: str | None = None
+    url: str | None = Field(default=None, description="Where the wheel is downloaded from")
+    sha256: str | None = Field(default=None, description="The wheel's SHA-256; pip checks it before installing")
+    command: str | None = Field(default=None, description="The install command, pinned to this hub's wheel and hash")
+    upgrade_command: str | None = None
+    platforms: str = Field(description="Where the worker runs")
+    problem: str | None = Field(default=None, description="Why no worker is served, when none is")

@@ -61,7 +61,7 @@ EXIT_MEANING = {
     ExitCode.NOT_ACCEPTING: "the experiment is not accepting volunteers",
     ExitCode.CLOCK: "this machine's clock is off: sync it",
     ExitCode.REMOVED: "removed by the organizer",
-    ExitCode.UPGRADE: "this swarmhub is too old for the hub's swarm: `pip install -U swarmhub`",
+    ExitCode.UPGRADE: "this swarmhub is too old for the hub's swarm: `swarmhub upgrade`",
 }
 
 

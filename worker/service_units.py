@@ -31,7 +31,9 @@ def swarmhub_executable() -> Path:
     found = shutil.which("swarmhub")
     if found:
         return Path(found).absolute()
-    raise FileNotFoundError("the swarmhub command is not installed: pip install swarmhub")
+    raise FileNotFoundError(
+        "the swarmhub command is not installed: install the worker with the command your hub shows (GET /api/worker)"
+    )
 
 
 def service_environment(settings: WorkerSettings) -> dict[str, str]:

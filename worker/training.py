@@ -120,7 +120,7 @@ def load_task(name: str, params: dict[str, Any]) -> Task:
     except UnknownTask as exc:
         raise WorkerError(
             f"This experiment trains the task {name!r}, which is not installed here ({exc}): install the package "
-            "that provides it, or upgrade: pip install -U swarmhub",
+            "that provides it, or upgrade: swarmhub upgrade",
             ExitCode.NOT_FOUND,
         ) from None
     except ValidationError as exc:
@@ -128,7 +128,7 @@ def load_task(name: str, params: dict[str, Any]) -> Task:
         where = ".".join(str(part) for part in first["loc"]) or "params"
         raise WorkerError(
             f"The experiment's parameters for task {name!r} do not fit the installed version "
-            f"({where}: {first['msg']}): upgrade: pip install -U swarmhub",
+            f"({where}: {first['msg']}): upgrade: swarmhub upgrade",
             ExitCode.ERROR,
         ) from None
 
@@ -213,7 +213,7 @@ def train(
         if corpus is None:
             raise WorkerError(
                 f"The task {cfg.task!r} trains on the experiment's corpus and the server offered none: "
-                "upgrade the server or this worker (pip install -U swarmhub)",
+                "upgrade the server or this worker (swarmhub upgrade)",
                 ExitCode.ERROR,
             )
         task.attach(corpus)
@@ -286,6 +286,9 @@ def train(
             load_balancing.install()  # every reachable peer gets a part of the vector to reduce
             # a peer looking for a group asks the DHT who else is, at a rate bounded by the matchmaking time
             matchmaking.install(matchmaking.poll_seconds(cfg.matchmaking_time))
+            # a round this peer leads waits a little for the hub's witness: only witnessed rounds earn credit
+            witnesses = frozenset(join.witness_peers) - {str(dht.peer_id)}
+            matchmaking.expect_witnesses(witnesses, matchmaking.witness_grace(cfg.matchmaking_time))
             # what this peer accepts from the others: averaged parts, the swarm's epoch, downloaded state
             robust.install(
                 cfg.aggregation.value,

@@ -48,7 +48,7 @@ def peer_key(text: str) -> PeerKey:
     if key.key_size < MIN_PEER_KEY_BITS:
         raise BadRequest(
             f"peer_public_key is a {key.key_size}-bit RSA key: a peer's key needs at least {MIN_PEER_KEY_BITS} bits "
-            "(swarmhub's worker makes one: `pip install -U swarmhub`)",
+            "(swarmhub's worker makes one: `swarmhub upgrade` installs the one this hub serves)",
             field="peer_public_key",
         )
     return PeerKey(text=text, peer_id=swarm_tokens.peer_id_for_public_key(text.encode()))

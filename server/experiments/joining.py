@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from swarmhub.worker.protocol import MIN_WORKER_VERSION, SWARM_PROTOCOL, JoinRequest, JoinResponse
 
+from .. import leases
 from ..errors import Unavailable, UpgradeRequired
 from ..models import Experiment, User
 from .admission import check_peer_key, experiment_public_key, swarm_token
@@ -79,7 +80,20 @@ def join(
         server_time=time.time(),
         data_path=f"/api/experiments/{experiment.slug}/data" if needs_corpus(experiment) else None,
         swarm_protocol=SWARM_PROTOCOL,
+        witness_peers=witness_peers(session, run),
     )
+
+
+def witness_peers(session: Session, run_id: str) -> list[str]:
+    """The peer IDs of the server's witnesses that are in the swarm now, as the lease holder last published."""
+    lease = leases.current(session, run_id)
+    found = []
+    for item in (lease.server_peers or []) if lease is not None else []:
+        if isinstance(item, dict) and item.get("kind") == "witness" and item.get("in_swarm"):
+            peer_id = item.get("peer_id")
+            if isinstance(peer_id, str) and 0 < len(peer_id) <= 64:
+                found.append(peer_id)
+    return found
 
 
 def _version(text: str) -> tuple[int, ...] | None:
@@ -102,7 +116,8 @@ def _refuse_if_too_old(client_version: str, what: str, field: str) -> None:
     if version is not None and version < _MIN_VERSION:
         raise UpgradeRequired(
             f"swarmhub {client_version} cannot {what} this swarm (its peers need {MIN_WORKER_VERSION} or later): "
-            "upgrade with `pip install -U swarmhub`, then join again",
+            "upgrade with `swarmhub upgrade` (it installs the worker this hub serves, GET /api/worker), "
+            "then join again",
             field=field,
         )
 

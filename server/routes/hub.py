@@ -1,6 +1,7 @@
 """The hub's open figures: ``GET /api/hub`` (what the front page shows, and polls), the statistics export
 ``GET /api/stats/experiments.json`` and ``.csv`` (cacheable by anyone: an ETag, ``Cache-Control: public``, gzip
-when the client accepts it), and the site's icon at ``/favicon.ico``. Nothing here depends on who asks."""
+when the client accepts it), the site's icon at ``/favicon.ico``, and the worker this hub serves volunteers
+(``GET /api/worker``, ``/download/swarmhub-X.Y.Z-py3-none-any.whl``). Nothing here depends on who asks."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ from functools import cache
 from importlib.resources import files
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import FileResponse, Response
+
+from swarmhub.worker.protocol import WorkerInstall
 
 from .. import exports, hub
 from ..deps import DB
+from ..errors import NotFound, Unavailable, documented
 from ..services import services
+from ..snapshots import base_url
+from ..worker_package import install_info
 
 router = APIRouter(tags=["hub"])
 
@@ -52,3 +58,36 @@ def _favicon() -> bytes:
 def favicon() -> Response:
     """Browsers and feed readers ask for it whatever the page links; pages link ``/static/favicon.svg``."""
     return Response(_favicon(), media_type="image/x-icon", headers={"Cache-Control": "public, max-age=86400"})
+
+
+def worker_install(request: Request) -> WorkerInstall:
+    return install_info(services(request.app).worker_package, base_url(request, services(request.app).settings))
+
+
+@router.get("/api/worker", response_model=WorkerInstall)
+def worker(request: Request) -> WorkerInstall:
+    """The worker this hub serves volunteers: its wheel, the wheel's SHA-256 and the pip command pinned to both."""
+    return worker_install(request)
+
+
+@router.get(
+    "/download/{filename}",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}, **documented(404, 503)},
+)
+def download(filename: str, request: Request) -> Response:
+    """The worker's wheel (``GET /api/worker`` names it). 503 while the server still prepares it."""
+    packages = services(request.app).worker_package
+    package = packages.current()
+    if package is None:
+        if packages.problem is None:
+            raise Unavailable("the worker package is being prepared: try again in a minute")
+        raise NotFound(f"this hub serves no worker package: {packages.problem}")
+    if filename != package.filename:
+        raise NotFound(f"no such file: this hub serves {package.filename}")
+    return FileResponse(
+        package.path,
+        media_type="application/octet-stream",
+        filename=package.filename,
+        headers={"Cache-Control": "public, max-age=3600"},
+    )

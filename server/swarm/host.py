@@ -221,7 +221,8 @@ class SwarmHost:
             if isinstance(event, Failed):
                 self.supervisor.record(run_id, kind).failed_with(event.error)
             elif isinstance(event, Ready):
-                self.supervisor.record(run_id, kind).in_swarm = True
+                record = self.supervisor.record(run_id, kind)
+                record.in_swarm, record.peer_id = True, event.peer_id
                 logger.info("the %s peer of %s is in the swarm as %s", kind, run_id, event.peer_id)
 
     def start_keeper(self, run_id: str, config: dict[str, Any]) -> None:

@@ -50,6 +50,7 @@ class PeerState(BaseModel):
         description="running: its process is alive; restarting: it exited and is started again at next_attempt_at"
     )
     in_swarm: bool = Field(description="Whether it has joined the swarm since it last started")
+    peer_id: str | None = Field(default=None, description="Its peer ID in the swarm, once it has joined")
     since: datetime = Field(description="When it entered this state (started, or exited)")
     restarts: int = Field(description="How many times it was started again since the experiment's swarm started here")
     last_error: str | None = Field(description="What it last failed with (its own message, or how it exited)")
@@ -64,6 +65,7 @@ class Supervision:
     kind: PeerKind
     running: bool = False
     in_swarm: bool = False  # it said ``ready`` since its last start
+    peer_id: str | None = None  # what it said it is in the swarm (kept across restarts: its identity file is)
     since: float = field(default_factory=time.time)  # wall clock: shown to people
     started_monotonic: float = 0.0
     starts: int = 0
@@ -118,6 +120,7 @@ class Supervision:
             kind=self.kind,
             state="running" if self.running else "restarting",
             in_swarm=self.in_swarm,
+            peer_id=self.peer_id,
             since=datetime.fromtimestamp(self.since, UTC),
             restarts=max(0, self.starts - 1),
             last_error=self.last_error,
