@@ -153,9 +153,7 @@ def _window_credits(
     """(user ID, peer ID) -> samples credited in the rounds witnessed since ``since``, and -> the weight (as the
     reducers capped it) sent in those rounds."""
     rows = session.execute(
-        select(
-            RoundCredit.user_id, RoundCredit.peer_id, func.sum(RoundCredit.credited), func.sum(RoundCredit.weight)
-        )
+        select(RoundCredit.user_id, RoundCredit.peer_id, func.sum(RoundCredit.credited), func.sum(RoundCredit.weight))
         .join(WitnessedRound, WitnessedRound.id == RoundCredit.round_pk)
         .where(WitnessedRound.experiment_id == experiment_id, WitnessedRound.witnessed_at >= since)
         .group_by(RoundCredit.user_id, RoundCredit.peer_id)

@@ -42,6 +42,11 @@ def test_the_form_proposes_settings_that_keep_the_planned_swarm_unthrottled(page
         expect(target).to_have_value(str(albert["target_batch_size"]))
         expect(matchmaking).to_have_value("5")
         expect(timeout).to_have_value("60")
+        # and its optimizer and learning rate, measured for its batch (the form's defaults are digits' Adam)
+        assert albert["optimizer"] == "lamb" and albert["learning_rate"] is not None
+        expect(page.locator("select[name=optimizer]")).to_have_value("lamb")
+        expect(page.locator("input[name=learning_rate]")).to_have_value(str(albert["learning_rate"]))
+        expect(page.locator("#proposal-text")).to_contain_text(f"lamb at a learning rate of {albert['learning_rate']}")
         # a smaller model is faster, and 300 planned peers need a larger batch
         page.select_option("select[name='param.albert-mlm.size']", "tiny")
         page.fill("#planned-peers", "300")
@@ -68,6 +73,8 @@ def test_the_form_proposes_settings_that_keep_the_planned_swarm_unthrottled(page
         expect(page).to_have_url(f"{base}/experiments/proposed")
         created = page.request.get(f"{base}/api/experiments/proposed").json()
         assert (created["task"], created["task_params"]["size"]) == ("albert-mlm", "tiny")
+        final = proposal("albert-mlm", size="tiny", planned_peers=2)
         assert (created["target_batch_size"], created["matchmaking_time"], created["averaging_timeout"]) == (
-            proposal("albert-mlm", size="tiny", planned_peers=2)["target_batch_size"], 5.0, 60.0
+            final["target_batch_size"], 5.0, 60.0
         )  # fmt: skip
+        assert (created["optimizer"], created["learning_rate"]) == (final["optimizer"], final["learning_rate"])

@@ -30,7 +30,8 @@
   sync();
 })();
 
-// The task's proposed target batch size and timings (GET /api/tasks/{task}/proposal), for the task, its parameters
+// The task's proposed target batch size and timings (GET /api/tasks/{task}/proposal), and its optimizer and learning
+// rate where the task proposes them (ALBERT: LAMB at a rate measured for the batch), for the task, its parameters
 // and the peers planned. A new experiment takes the proposal until the organizer types their own values; the
 // "Use the proposal" button takes it any time. A warning says when the settings cap the swarm below one peer.
 (function () {
@@ -45,6 +46,8 @@
   const fastest = parseFloat(box.dataset.fastest) || 0;
   const names = ["target_batch_size", "matchmaking_time", "averaging_timeout"];
   const inputs = names.map(function (n) { return form.querySelector("input[name=" + n + "]"); });
+  const optimizer = form.querySelector("select[name=optimizer]");
+  const rate = form.querySelector("input[name=learning_rate]");
   let follow = box.dataset.proposed === "true";  // a new form follows the proposal until a field is typed in
   let current = null, asked = 0;
   const number = function (x, digits) { return x.toLocaleString("en-US", {maximumFractionDigits: digits || 0}); };
@@ -70,6 +73,8 @@
       inputs[k].value = current[n];
       inputs[k].dispatchEvent(new Event("change"));  // the rate cap follows; "change" is not typing
     });
+    if (current.optimizer && optimizer) optimizer.value = current.optimizer;
+    if (current.learning_rate != null && rate) rate.value = current.learning_rate;
     warn();
   }
 
@@ -94,14 +99,18 @@
         number(current.matchmaking_time, 2) + " s and averaging timeout " + number(current.averaging_timeout, 2) +
         " s for " + number(current.planned_peers) + " peers at " + number(current.reference_samples_per_second) +
         " samples/s each (its reference peer): they keep " + number(current.unthrottled_peers, 1) +
-        " such peers bound by compute."
+        " such peers bound by compute." +
+        (current.optimizer && current.learning_rate != null
+          ? " Optimizer: " + current.optimizer + " at a learning rate of " + current.learning_rate + "."
+          : "")
       : "No proposal for these parameters: check the task's fields.";
     if (current && follow) apply(); else warn();
   }
 
-  inputs.forEach(function (input) {
-    input.addEventListener("input", function () { follow = false; warn(); });
+  inputs.concat([rate]).forEach(function (input) {
+    if (input) input.addEventListener("input", function () { follow = false; warn(); });
   });
+  if (optimizer) optimizer.addEventListener("change", function () { follow = false; });
   use.addEventListener("click", function () { if (current) apply(); });
   select.addEventListener("change", refresh);
   peers.addEventListener("input", refresh);
