@@ -45,7 +45,9 @@ RUN pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX_URL}"
 WORKDIR /src
 COPY . .
 COPY --from=web /src/web/node_modules/uplot/dist/ web/node_modules/uplot/dist/
-RUN pip install ".[server]" \
+# The worker wheel the hub serves volunteers (GET /api/worker), built from the same sources.
+RUN pip wheel --no-deps --wheel-dir /opt/swarmhub-wheel . \
+    && pip install ".[server]" \
     && cd / && rm -rf /src
 
 # Non-root, numeric so that orchestrators can verify it (Kubernetes runAsNonRoot): the swarmhub user above.
@@ -56,7 +58,8 @@ WORKDIR /home/swarmhub
 # ports are picked at random (the server has no setting for them yet), so they cannot be published with -p;
 # see docs/deployment.md for volunteers outside this host.
 ENV SWARMHUB_DATA_DIR=/data \
-    SWARMHUB_SWARM_HOST=0.0.0.0
+    SWARMHUB_SWARM_HOST=0.0.0.0 \
+    SWARMHUB_WORKER_WHEEL_DIR=/opt/swarmhub-wheel
 
 EXPOSE 8000
 

@@ -20,7 +20,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	@touch $@
 
+# The worker wheel the hub serves volunteers (server/worker_package.py), built once per version of the sources here
+# rather than by the first server that starts.
 setup-python: $(VENV)/.installed
+	@$(BIN)/python -m swarmhub.server.worker_package
 
 web/node_modules/.package-lock.json: web/package.json web/package-lock.json
 	npm ci --prefix web --no-audit --no-fund --loglevel=error

@@ -52,7 +52,12 @@ def main() -> int:
     try:
         answered = wait_dashboard(url, demo, log)
         print(f"dashboard answered {answered - started:.0f} s after the start", flush=True)
-        found = re.search(r"with password (\S+)", Path(log.name).read_text())
+        found = None
+        for _ in range(60):  # printed once the workers are started, a moment after the dashboard answers
+            found = re.search(r"with password (\S+)", Path(log.name).read_text())
+            if found is not None:
+                break
+            time.sleep(0.5)
         if found is None:
             raise SystemExit("the demo printed no organizer password")
         password = found.group(1)

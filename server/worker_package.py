@@ -225,3 +225,23 @@ def install_info(packages: WorkerPackages, base: str) -> WorkerInstall:
         upgrade_command=package.command(base, upgrade=True),
         platforms=PLATFORMS,
     )
+
+
+def main() -> int:
+    """``python -m swarmhub.server.worker_package``: build (or find) the wheel this source tree's server serves, as
+    ``make setup`` does, so that no server builds it at start-up."""
+    root = source_root()
+    if root is None:
+        print("not a source tree: nothing to build (the server serves SWARMHUB_WORKER_WHEEL_DIR's wheel)")
+        return 0
+    packages = WorkerPackages(None)
+    package = packages.wait()
+    if package is None:
+        print(f"could not build the worker wheel: {packages.problem}", file=sys.stderr)
+        return 1
+    print(f"worker wheel: {package.path} (sha256 {package.sha256})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
