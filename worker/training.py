@@ -119,8 +119,8 @@ def load_task(name: str, params: dict[str, Any]) -> Task:
         return get_task(name)(params)
     except UnknownTask as exc:
         raise WorkerError(
-            f"This experiment trains the task {name!r}, which is not installed here ({exc}): install the package "
-            "that provides it, or upgrade: swarmhub upgrade",
+            f"This experiment trains the task {name!r}, which is not installed here ({exc}): pip install the package "
+            "that provides it, or upgrade to the worker the hub serves: swarmhub upgrade",
             ExitCode.NOT_FOUND,
         ) from None
     except ValidationError as exc:

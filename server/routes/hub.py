@@ -15,7 +15,7 @@ from swarmhub.worker.protocol import WorkerInstall
 
 from .. import exports, hub
 from ..deps import DB
-from ..errors import NotFound, Unavailable, documented
+from ..errors import NotFound, Unavailable
 from ..services import services
 from ..snapshots import base_url
 from ..worker_package import install_info
@@ -73,7 +73,14 @@ def worker(request: Request) -> WorkerInstall:
 @router.get(
     "/download/{filename}",
     response_class=FileResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}, **documented(404, 503)},
+    responses={
+        200: {"content": {"application/octet-stream": {}}},
+        404: {
+            "description": "Not this hub's worker (an HTML page, as every path outside /api)",
+            "content": {"text/html": {}},
+        },
+        503: {"description": "Still being prepared: try again in a minute", "content": {"text/html": {}}},
+    },
 )
 def download(filename: str, request: Request) -> Response:
     """The worker's wheel (``GET /api/worker`` names it). 503 while the server still prepares it."""
