@@ -57,6 +57,7 @@ from .runner import Conditions, Runner, join_command
 from .session import DEFAULT_LISTEN
 from .settings import WorkerSettings
 from .transport import insecure_option, require_encryption
+from .upgrade import upgrade
 
 logger = logging.getLogger("swarmhub.worker")
 
@@ -115,37 +116,6 @@ def login(server_opt: str | None, with_token: bool, scope: str, insecure: bool) 
     click.echo(f"Logged in to {server} as {username} (credentials in {path})")
     if settings.token is not None:
         click.echo("Note: SWARMHUB_TOKEN is set and overrides the stored token.", err=True)
-
-
-@main.command()
-@click.option("--server", "server_opt", metavar="URL", help="Server URL (default: SWARMHUB_SERVER or the last one)")
-@click.option("--dry-run", is_flag=True, help="Print the command instead of running it")
-@insecure_option
-def upgrade(server_opt: str | None, dry_run: bool, insecure: bool) -> None:
-    """Install the worker the hub serves (its version, pinned to its wheel's hash) into this Python."""
-    import subprocess
-
-    settings = worker_settings()
-    stored = load_credentials(settings.config_dir)
-    server = server_opt or settings.server or (stored.server if stored else None)
-    if not server:
-        raise WorkerError("No server given: run `swarmhub upgrade --server URL`", ExitCode.USAGE)
-    with ApiClient(require_encryption(server, insecure), user_agent=USER_AGENT) as client:
-        package = client.worker_package()
-    if not package.available or package.url is None or package.sha256 is None:
-        raise WorkerError(
-            f"{server} serves no worker package ({package.problem or 'it is being prepared: try again in a minute'})",
-            ExitCode.ERROR,
-        )
-    command = [sys.executable, "-m", "pip", "install", "--upgrade", f"swarmhub @ {package.url}#sha256={package.sha256}"]
-    if dry_run:
-        click.echo(" ".join(command))
-        return
-    click.echo(f"Installing swarmhub {package.version} from {package.url} ...")
-    done = subprocess.run(command, check=False)  # noqa: S603 - pip, with the hub's URL pinned to its hash
-    if done.returncode != 0:
-        raise WorkerError(f"pip failed (exit {done.returncode}): see its output above", ExitCode.ERROR)
-    click.echo(f"Installed swarmhub {package.version}: run `swarmhub --version` to check.")
 
 
 @main.command()
@@ -391,6 +361,7 @@ main.add_command(service_cli.service)
 main.add_command(service_cli.run_service)
 
 
+main.add_command(upgrade)
 main.add_command(hub_commands.server)
 main.add_command(hub_commands.admin)
 main.add_command(hub_commands.demo)
