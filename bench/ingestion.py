@@ -24,7 +24,7 @@ send one report a second each (what 200 real volunteers send) and reports the se
 
 The load comes from two client processes (100 workers each, asyncio + ``websockets``); the table shows their
 CPU: on this 2-core machine they share the cores with the server, which caps the bare endpoint's figure (and so
-flatters the ratio; see docs/server-benchmarks.md). Rounds alternate the variants (order rotated each round).
+flatters the ratio; see docs/benchmarks/server.md). Rounds alternate the variants (order rotated each round).
 
 Command: ``.venv/bin/python bench/ingestion.py [--quick] [--no-postgres] [--in-flight N]`` (full: 3 rounds,
 about 4 minutes; --quick: 1 short round, about a minute). Exits 0 whether the target is met or not; nonzero only

@@ -2,7 +2,7 @@
 every process of the swarm waits at that moment.
 
 A two-peer gradient round has now and then held one worker for up to ``averaging_timeout`` (30 s) while its partner
-went on after hivemind's 3 s chunk timeouts (docs/benchmarks.md, section 1). This script repeats the benchmark's
+went on after hivemind's 3 s chunk timeouts (docs/benchmarks/swarm-efficiency.md). This script repeats the benchmark's
 staggered join until that happens: the server's bootstrap/monitor peer and worker A, then B joins ``--join-after``
 seconds after A's first step, and both train ``--window`` seconds. A watcher thread checks every 0.5 s: a worker
 that has printed progress and then nothing for ``--stall`` seconds (a training worker prints at least every 2 s) is

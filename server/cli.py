@@ -108,7 +108,7 @@ DEMO_EXPERIMENTS = ("demo-albert", "demo-digits")
 DEMO_TEXT_BYTES = 2_000_000  # of the standard library's docstrings: a tokenizer and shards in seconds
 DEMO_CORPUS = training_data.CorpusOptions(vocab_size=4000, seq_length=64)
 # The demo's ALBERT experiment, chosen with bench/albert_settings.py (held-out loss at equal samples against the
-# unigram baseline; docs/benchmarks.md section 8): LAMB learns context only with enough steps, so the batch is the
+# unigram baseline; docs/benchmarks/demo-albert.md): LAMB learns context only with enough steps, so the batch is the
 # smallest that keeps both demo peers (about 270 samples/s each on 2 cores) unthrottled, 512 per half second (a cap
 # of 1,024 samples/s), with the rate measured for it. The decay ends at step 2,000 (about 30 minutes of demo): the
 # docstrings are 6,700 training sequences, passed over about 100 times by then.

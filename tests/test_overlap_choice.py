@@ -18,7 +18,7 @@ def test_a_cuda_peer_averages_in_the_background():
 
 def test_a_cpu_peer_averages_in_the_background_only_where_its_link_makes_rounds_long():
     digits = 307_210  # digits' widest MLP: 1.2 MiB of fp32 gradients
-    # over a fast link a round is short: background averaging measured no faster (docs/benchmarks.md, section 1)
+    # over a fast link a round is short: background averaging measured no faster (docs/benchmarks/swarm-efficiency.md)
     assert choose_overlap(Overlap.auto, CPU, parameters=digits, bandwidth=1_000.0) == Overlap.none
     # at 10 Mbit/s a round of the same vector takes about a second: measured faster in the background
     assert round_seconds(digits, 10.0) == pytest.approx(0.98, abs=0.01)

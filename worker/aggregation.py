@@ -207,7 +207,7 @@ def state_parts(parts: Sequence[torch.Tensor], weights: Sequence[float]) -> list
 
     A state round is not a gradient round: peers that are in step hold *identical* parameters, so a robust
     estimate around the medoid (CenteredClip) takes the side of whichever peers happen to be identical, often those
-    that missed the last step, and undoes the others' step (docs/benchmarks.md section 5). Under ``mean`` the
+    that missed the last step, and undoes the others' step (docs/benchmarks/byzantine.md). Under ``mean`` the
     round is the weighted mean of the parts within bounds, hivemind's behaviour; under ``centered-clip`` their
     coordinate median (``ROBUST_STATE``), which gives peers a step apart the same midpoint."""
     norms = [float(p.float().norm()) for p in parts]

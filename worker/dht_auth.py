@@ -4,7 +4,7 @@ hivemind's token protocol (``TokenAuthorizerBase``) signs every DHT request and 
 RSA-2048 key and verifies both ends: two RSA signatures a request (0.26 ms each on a fast 2-core machine, 1.25 ms
 on a slow one), and a swarm's peers send several requests a second to each other (lookups, progress records, the
 roster). Measured in ``bench/worker_overhead.py``, that was about a tenth of the CPU of a worker's helper processes
-and of the server's monitor peer (docs/benchmarks.md, section 3).
+and of the server's monitor peer (docs/benchmarks/worker-overhead.md).
 
 The signature proves that the sender holds the key its access token binds. libp2p already proves the same thing
 once per connection: every stream between two peers runs over a TLS 1.3 channel whose handshake is signed by each

@@ -10,7 +10,7 @@ import torch
 from .protocol import Overlap
 
 # Under ``auto``, a CPU peer averages in the background when one round's all-reduce at its measured bandwidth would
-# take at least this long. Measured (docs/benchmarks.md, section 1): over loopback (a 1.2 MiB vector, ~10 ms)
+# take at least this long. Measured (docs/benchmarks/swarm-efficiency.md): over loopback (a 1.2 MiB vector, ~10 ms)
 # delayed-averaging was 0.966 of none for a worker with a core to spare, and slower for two workers sharing 2 cores;
 # on 10 Mbit/s links (the same vector, ~1 s a round) two workers sharing 2 cores trained 1.39 (1.35..1.60)
 # times as fast with it.

@@ -135,8 +135,8 @@ def _assist(
 
     It does not wait for its own estimate of the epoch's end, as ``opt.step()`` would: that estimate lags the
     trainers' (an auxiliary peer reads the swarm's progress, it does not make it), and the trainers of a round wait
-    for every reducer's part, the auxiliary peer's (the largest, on a fast link) included (docs/benchmarks.md,
-    section 4)."""
+    for every reducer's part, the auxiliary peer's (the largest, on a fast link) included
+    (docs/benchmarks/heterogeneous-network.md)."""
     last_report = time.monotonic()
     while (reason := should_stop()) is None:
         epoch = opt.local_epoch

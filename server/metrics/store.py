@@ -166,7 +166,7 @@ _COPY_TYPES = [_binary_copy_type(_POINTS.c[column]) for column in _POINT_COLUMNS
 
 def _copy_points(session: Session, points: list[dict[str, Any]]) -> None:
     """PostgreSQL: new metric points with one binary COPY, in the session's transaction: it costs the database
-    and the server about half of an executemany INSERT (docs/server-benchmarks.md). Like that INSERT, it fails
+    and the server about half of an executemany INSERT (docs/benchmarks/server.md). Like that INSERT, it fails
     on a point that is stored already, so it is only given points above their run's last seq."""
     cursor = session.connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:

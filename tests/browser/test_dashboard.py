@@ -20,6 +20,9 @@ from swarmhub.worker.tasks import get_task
 from ..conftest import PASSWORD, LiveServer
 from .conftest import ARTIFACTS, shown, sign_up
 
+# The dashboard picture the README and the docs' home page show, taken afresh by every run of this test.
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
 
@@ -111,6 +114,8 @@ def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path
         expect(page.locator("#stat-samples")).not_to_have_text(re.compile(r"^(–|0)$"), timeout=60_000)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        DOCS_IMG.mkdir(exist_ok=True)
+        page.screenshot(path=str(DOCS_IMG / "dashboard.png"), full_page=True)
     finally:
         worker.terminate()
         output = worker.communicate(timeout=60)[0].decode(errors="replace")
