@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: setup setup-python setup-web setup-browser setup-faketime demo server test test-fast check clean
+.PHONY: setup setup-python setup-web setup-browser setup-faketime demo server test test-fast check docs clean
 
 setup: setup-python setup-web
 
@@ -72,6 +72,11 @@ check: setup
 	for d in server worker web migrations; do ln -s "$(CURDIR)/$$d" build/typecheck/swarmhub/$$d; done
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p swarmhub.server -p swarmhub.worker
 	$(BIN)/mypy --config-file pyproject.toml bench/*.py
+	$(BIN)/mkdocs build --strict --site-dir build/site
+
+# The docs site (mkdocs.yml) on http://127.0.0.1:8000, rebuilt as the pages change.
+docs: setup
+	$(BIN)/mkdocs serve
 
 clean:
 	rm -rf $(VENV) web/node_modules .swarmhub-demo

@@ -80,7 +80,7 @@ def test_one_replica_hosts_a_swarm_and_another_takes_over_when_it_dies(db, setti
 
             os.kill(replica_a.pid, signal.SIGKILL)  # A dies without releasing anything
             b_holder = services(app_b).coordinator.instance
-            # The README's bound: B takes the swarm within a lease and a reconcile (a few seconds of margin for a
+            # docs/operators.md's bound: B takes the swarm within a lease and a reconcile (a few seconds of margin for a
             # loaded machine's reconcile pass). Its peers start then; on 2 busy cores a peer process takes seconds
             # more to listen (hivemind's import and p2pd), which no interval of ours bounds.
             took = wait_until(lambda: holder_of(db, run_id)[0] == b_holder, timeout=LEASE_SECONDS + 30)

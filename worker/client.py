@@ -1,7 +1,7 @@
 """The worker's HTTP client for the swarmhub server, and the one error type the CLI renders.
 
 Every failure becomes a :class:`WorkerError` whose message tells the volunteer what to do next, and whose
-exit code is one of these (documented in the README and reused by every command):
+exit code is one of these (documented in docs/volunteers.md and reused by every command):
 
 ====  ==========================================================================================
 code  meaning

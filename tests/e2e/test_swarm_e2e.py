@@ -171,7 +171,7 @@ def test_removed_volunteer_leaves_and_the_others_go_on(tmp_path):
         seen_children, outputs = wait_volunteers(workers, tmp_path)
     assert processes["grace"].returncode == 8, outputs["grace"][-2000:]
     assert "You were removed from 'e2e-digits' by its organizer" in outputs["grace"]
-    assert took < 3 * 20.0 + 15, took  # the README's bound: at most about three averaging timeouts + 15 s
+    assert took < 3 * 20.0 + 15, took  # docs/organizers.md's bound: at most about three averaging timeouts + 15 s
     assert ada_still_training, outputs["ada"][-2000:]
     assert processes["ada"].returncode == 143, outputs["ada"][-2000:]
     assert outlived(seen_children) == set()
