@@ -16,8 +16,10 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@$(BIN)/python -c "import torch" 2>/dev/null || { echo "Installing $(TORCH_SPEC) (CPU build, about 200 MB: a minute or two)"; $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"; }
+	@echo "Installing swarmhub from this folder (editable) with its server and test dependencies (about a minute)"
+	@# -qq: pip still stops on errors; it hides setuptools' notice that an editable install maps the folders here.
+	@$(BIN)/python -m pip install -qq -e ".[dev]"
 	@touch $@
 
 # The worker wheel the hub serves volunteers (server/worker_package.py), built once per version of the sources here

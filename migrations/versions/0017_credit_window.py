@@ -18,11 +18,13 @@ depends_on = None
 
 def upgrade() -> None:
     op.create_index("ix_witnessed_rounds_time", "witnessed_rounds", ["experiment_id", "witnessed_at"])
-    with op.batch_alter_table("experiment_totals") as batch:
+    # resolve_fks=False: the batch copies this table only; following its foreign keys would reflect users too, whose
+    # expression index (uq_users_username_lower) SQLite's reflection cannot read and warns about.
+    with op.batch_alter_table("experiment_totals", reflect_kwargs={"resolve_fks": False}) as batch:
         batch.drop_column("witnessed_peaks")
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("experiment_totals") as batch:
+    with op.batch_alter_table("experiment_totals", reflect_kwargs={"resolve_fks": False}) as batch:
         batch.add_column(sa.Column("witnessed_peaks", sa.JSON(), server_default=sa.text("'{}'"), nullable=False))
     op.drop_index("ix_witnessed_rounds_time", table_name="witnessed_rounds")
