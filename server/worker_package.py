@@ -36,6 +36,7 @@ from pathlib import Path
 from platformdirs import user_cache_dir
 
 from swarmhub import __version__
+from swarmhub.worker.platforms import PLATFORMS
 from swarmhub.worker.protocol import WorkerInstall
 
 logger = logging.getLogger("swarmhub.worker_package")
@@ -202,12 +203,6 @@ class WorkerPackages:
                 f"installed without its sources: set SWARMHUB_WORKER_WHEEL_DIR to a folder holding {wheel_name()}"
             )
         return build(root, self.cache_dir)
-
-
-PLATFORMS = (
-    "Linux (x86_64, aarch64) and macOS (arm64, x86_64) with Python 3.10 or newer; on Windows, inside WSL2 "
-    "(hivemind, which the worker trains with, has no Windows build)"
-)
 
 
 def install_info(packages: WorkerPackages, base: str) -> WorkerInstall:

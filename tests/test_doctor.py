@@ -99,7 +99,8 @@ def test_doctor_reports_every_finding_and_the_throughput(db, live_server, cli_en
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     found = {line.split("]", 1)[1].split(":", 1)[0].strip(): line for line in lines if line.startswith("[")}
-    assert set(found) == {"device", "open files", "clock", "bandwidth", "reachability", "throughput"}, lines
+    assert set(found) == {"platform", "device", "open files", "clock", "bandwidth", "reachability", "throughput"}
+    assert found["platform"].startswith("[  ok] platform: "), found["platform"]
     assert found["device"].startswith("[  ok] device: cpu")
     assert "Mbit/s" in found["bandwidth"]
     assert "the server dialed 127.0.0.1:" in found["reachability"]
@@ -156,3 +157,23 @@ def test_doctor_measures_a_task_that_trains_on_the_experiments_text(db, live_ser
     assert result.exit_code == 0, result.output
     assert "samples/s on 'albert-mlm'" in result.output
     assert list((tmp_path / "cache").rglob("tokenizer.json"))  # downloaded as `join` would, and cached
+
+
+@pytest.mark.parametrize(
+    ("system", "machine", "release", "status", "says"),
+    [
+        ("Linux", "x86_64", "6.1.0", doctor.OK, "Linux x86_64"),
+        ("Linux", "aarch64", "6.1.0", doctor.OK, "Linux aarch64"),
+        ("Linux", "x86_64", "5.15.153.1-microsoft-standard-WSL2", doctor.OK, "(WSL2)"),
+        ("Darwin", "arm64", "23.1.0", doctor.OK, "Darwin arm64"),
+        ("Windows", "AMD64", "10", doctor.FAIL, "install WSL2"),
+        ("Linux", "armv7l", "6.1.0", doctor.FAIL, "no build for Linux armv7l"),
+        ("FreeBSD", "amd64", "14.0", doctor.FAIL, "join from Linux (x86_64, aarch64) or macOS"),
+    ],
+)
+def test_doctor_says_where_the_worker_runs(system, machine, release, status, says):
+    """Volunteers on a platform hivemind ships no build for are told so, and what to use instead (WSL2 on Windows),
+    before any other check."""
+    finding = doctor.check_platform(system, machine, release)
+    assert finding.status == status
+    assert says in finding.line(), finding.line()

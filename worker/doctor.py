@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .client import MAX_CLOCK_SKEW_SECONDS, ApiClient, WorkerError
+from .platforms import describe, platform_problem
 from .proposal import swarm_rate_cap, unthrottled_batch
 from .protocol import ExperimentDetail
 
@@ -48,6 +49,15 @@ def precision(device: torch.device) -> str:
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return "fp32"
+
+
+def check_platform(system: str | None = None, machine: str | None = None, release: str | None = None) -> Finding:
+    """Whether the worker runs here at all (``platforms``); arguments default to this machine's."""
+    where = describe(system, machine, release)
+    problem = platform_problem(system, machine)
+    if problem is None:
+        return Finding("platform", OK, where)
+    return Finding("platform", FAIL, f"{where}: {problem[0]}", problem[1])
 
 
 def check_device(device: torch.device) -> Finding:
@@ -301,7 +311,10 @@ def run_all(
     ]
     if experiment is not None:
         checks.append(lambda: check_throughput(experiment, device, corpus=text))
-    findings = []
+    findings = [check_platform()]
+    echo(findings[0].line())
+    if findings[0].status == FAIL:  # nothing else here can train
+        checks = []
     for check in checks:
         findings.append(check())
         echo(findings[-1].line())
