@@ -249,6 +249,9 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2, experi
     processes: list[subprocess.Popen[bytes]] = []
     for stop_signal in (signal.SIGTERM, signal.SIGHUP):  # also a closed terminal: nothing may outlive the demo
         signal.signal(stop_signal, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C too, even where the demo was started with SIGINT ignored (a script's background job: Python then
+    # leaves it ignored, and the demo would outlive the Ctrl-C its screen asks for).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         server = subprocess.Popen(
             [*exe, "server", "--host", host, "--port", str(port), "--log-level", "warning"],

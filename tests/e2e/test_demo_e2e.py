@@ -38,7 +38,8 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process(tmp_path):
     # with none of this machine's SWARMHUB_* settings.
     env = {key: value for key, value in os.environ.items() if not key.startswith("SWARMHUB_")}
     log = open(tmp_path / "demo.out", "wb")  # noqa: SIM115 - closed below, after the process
-    # Its own process group, as a shell gives a foreground job: Ctrl-C is SIGINT to the whole group.
+    # Its own process group, as a shell gives a foreground job: Ctrl-C is SIGINT to the whole group. Started with
+    # SIGINT ignored, as a script's background job (`swarmhub demo &`) starts it: Ctrl-C must stop it all the same.
     demo = subprocess.Popen(
         [*SWARMHUB, "demo", "--experiment", "demo-digits", "--port", str(port)],
         cwd=tmp_path,
@@ -46,6 +47,7 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process(tmp_path):
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     started: set[int] = set()
     try:
