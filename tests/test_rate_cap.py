@@ -120,7 +120,7 @@ def test_an_experiment_created_without_settings_gets_its_tasks_proposal(client, 
             "title": "Small",
             "task": "albert-mlm",
             "task_params": {"size": "tiny"},
-            "target_batch_size": 1024,
+            "target_batch_size": 256,
         },
     ).json()
     assert small["optimizer"] == "lamb" and small["learning_rate"] < albert["learning_rate"]
