@@ -74,11 +74,11 @@ check: setup
 	for d in server worker web migrations; do ln -s "$(CURDIR)/$$d" build/typecheck/swarmhub/$$d; done
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p swarmhub.server -p swarmhub.worker
 	$(BIN)/mypy --config-file pyproject.toml bench/*.py
-	$(BIN)/mkdocs build --strict --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 # The docs site (mkdocs.yml) on http://127.0.0.1:8000, rebuilt as the pages change.
 docs: setup
-	$(BIN)/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 clean:
 	rm -rf $(VENV) web/node_modules .swarmhub-demo

@@ -412,8 +412,9 @@ def test_the_demo_seeds_an_albert_experiment_ready_to_train(tmp_path):
         manifest = client.get("/api/experiments/demo-albert/data/manifest", headers=volunteer)
         assert manifest.status_code == 200 and manifest.json()["vocab_size"] == text["vocab_size"]
         albert = client.get("/api/experiments/demo-albert").json()
-        # both demo peers (about 270 samples/s each on 2 cores) train unthrottled: the page warns of nothing
-        assert albert["max_swarm_samples_per_second"] >= 2 * 300 and albert["warnings"] == [], albert
+        # both demo peers (one thread each: peaks of 200-240 samples/s on 2 cores, docs/benchmarks/demo-albert.md)
+        # train unthrottled: the page warns of nothing
+        assert albert["max_swarm_samples_per_second"] >= 2 * 250 and albert["warnings"] == [], albert
 
 
 def test_the_digits_demo_starts_only_the_digits_experiment_and_trains_no_tokenizer(tmp_path):

@@ -150,8 +150,13 @@ def test_ctrl_c_while_the_command_loads_ends_it_with_one_line_and_exit_130():
         "sys.argv = ['swarmhub', '--version']\n"
         "runpy.run_module('swarmhub.worker.cli', run_name='__main__')\n"
     )
+    # Ctrl-C's default disposition, whatever the suite inherited (a background job starts with SIGINT ignored)
     process = subprocess.Popen(
-        [sys.executable, "-c", loader], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", loader],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert process.stdout is not None
     assert process.stdout.readline() == "python is up\n"
