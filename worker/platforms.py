@@ -1,6 +1,7 @@
 """Where the worker runs: the platforms hivemind (the worker's swarm library) ships builds for, and the check that
-``swarmhub doctor`` and ``swarmhub join`` make before anything else. Standard library only, so that it answers even
-where the rest of the worker cannot be imported (hivemind has no Windows build)."""
+``swarmhub doctor`` makes before its others. On Windows itself pip cannot install the worker at all (hivemind has no
+Windows build), so the check speaks to worker installs that got through on another platform hivemind does not build
+for (Linux on 32-bit ARM, BSD); ``PLATFORMS`` tells everyone else before they install (``GET /api/worker``)."""
 
 from __future__ import annotations
 
