@@ -9,10 +9,12 @@ monitor peer reads that record and attributes each sender through the roster. Th
 - ``swarm_flags``: what the server's peers refused from a volunteer's peer, and the organizer's automatic
   removal after ``auto_remove_flags`` of them.
 
-What a sender is credited for a round is its weight there, which the reducers already capped (at the target
-batch, and at twice the round's median claim with three senders or more), and no more than keeps the peer's credit
-over the last ``WINDOW_SECONDS`` at or below the weight another volunteer's peer of its device class sent in the
-rounds witnessed over the same window (this round included, when it took part): a peer gains at most what the
+What a peer is owed over the last ``WINDOW_SECONDS`` is the weight it sent in the rounds witnessed over that
+window (as the reducers capped it: at the target batch, and at twice the round's median claim with three senders
+or more), up to the weight another volunteer's peer of its device class sent over the same window (this round
+included, when it took part); each round pays it what it is owed less what it was already credited. A shortfall is
+not lost: a peer held to the other's weight in one round is paid in a later one (or, when it sends no more, with the
+last round the monitor reads) once the other's weight has grown past it. A peer gains at most what the
 fastest peer of another volunteer of its class trained, as witnessed, over the same time (``_window_bound``), and an
 account at most that per peer it runs (``max_peers_per_volunteer``). The bound is the other's witnessed weight, not
 its credit: on a swarm whose rounds each hold one volunteer's peer and the witness (peers that finish their batches
@@ -100,9 +102,9 @@ def record_rounds(session: Session, experiment: Experiment, rounds: list[Round],
     names = {s.username for r in fresh for s in r.senders}
     users = dict(session.execute(select(User.username, User.id).where(User.username.in_(names))).tuples().all())
     totals = contributions.experiment_totals(session, experiment.id)  # locked, as every change of the totals
-    rows = contributions.volunteer_totals(session, experiment.id, set(users.values()))
     first = datetime.fromtimestamp(min(fresh[0].time, now.timestamp()), timezone.utc)
     window, sent = _window_credits(session, experiment.id, first - timedelta(seconds=WINDOW_SECONDS))
+    rows = contributions.volunteer_totals(session, experiment.id, set(users.values()) | {u for u, _ in sent})
     classes = _classes(session, experiment.id, {user_id for user_id, _ in sent}, rows)
     peer_ids = {s.peer_id for r in fresh for s in r.senders}
     known_peers = {
@@ -111,38 +113,60 @@ def record_rounds(session: Session, experiment: Experiment, rounds: list[Round],
             select(SwarmPeer).where(SwarmPeer.experiment_id == experiment.id, SwarmPeer.peer_id.in_(peer_ids))
         )
     }
+
+    def credit(row: WitnessedRound, user_id: int, peer_id: str, weight: float, credited: int) -> None:
+        session.add(
+            RoundCredit(
+                round_pk=row.id,
+                experiment_id=experiment.id,
+                user_id=user_id,
+                peer_id=peer_id,
+                weight=weight,
+                credited=credited,
+            )
+        )
+        window[user_id, peer_id] = window.get((user_id, peer_id), 0) + credited
+        sent[user_id, peer_id] = sent.get((user_id, peer_id), 0.0) + weight
+        rows[user_id].verified_samples += credited
+        totals.verified_samples += credited
+
+    last: WitnessedRound | None = None
     for item in fresh:
         at = datetime.fromtimestamp(min(item.time, now.timestamp()), timezone.utc)
-        row = WitnessedRound(experiment_id=experiment.id, round_id=item.id, epoch=item.epoch, witnessed_at=at)
-        session.add(row)
+        last = WitnessedRound(experiment_id=experiment.id, round_id=item.id, epoch=item.epoch, witnessed_at=at)
+        session.add(last)
         session.flush()
         before = dict(sent)
-        weights = {(users[s.username], s.peer_id): s.weight for s in item.senders if s.username in users}
+        # a round read before a peer's first record: nothing shows it was there, and its weight neither earns
+        # it credit (now or later) nor raises another's bound
+        weights = {
+            (users[s.username], s.peer_id): s.weight
+            for s in item.senders
+            if s.username in users and s.peer_id in known_peers
+        }
         for sender in item.senders:
             user_id = users.get(sender.username)
             if user_id is None:
                 continue
-            peer = known_peers.get(sender.peer_id)
-            if peer is None:  # a round read before the peer's first record: nothing shows it was there
-                credited = 0
-            else:
-                room = _window_bound(before, weights, classes, user_id) - window.get((user_id, sender.peer_id), 0)
-                credited = int(min(sender.weight, max(room, 0.0)))
-                peer.last_round_at = at
-            session.add(
-                RoundCredit(
-                    round_pk=row.id,
-                    experiment_id=experiment.id,
-                    user_id=user_id,
-                    peer_id=sender.peer_id,
-                    weight=sender.weight,
-                    credited=credited,
-                )
-            )
-            window[user_id, sender.peer_id] = window.get((user_id, sender.peer_id), 0) + credited
-            sent[user_id, sender.peer_id] = sent.get((user_id, sender.peer_id), 0.0) + sender.weight
-            rows[user_id].verified_samples += credited
-            totals.verified_samples += credited
+            if sender.peer_id not in known_peers:
+                credit(last, user_id, sender.peer_id, 0.0, 0)
+                continue
+            known_peers[sender.peer_id].last_round_at = at
+            key = (user_id, sender.peer_id)
+            # what the window owes the peer: its own witnessed weight, this round's included, up to the bound;
+            # less what it was credited in the window (an earlier round's shortfall is paid once the bound allows)
+            owed = min(before.get(key, 0.0) + sender.weight, _window_bound(before, weights, classes, user_id))
+            credit(last, user_id, sender.peer_id, sender.weight, int(max(owed - window.get(key, 0), 0)))
+    # Peers that took no part in the last round: what the rounds since raised their bound to is paid now, with the
+    # last round, so that neither of two peers held to each other's weight is left short by the order of rounds.
+    in_last = {(users[s.username], s.peer_id) for s in fresh[-1].senders if s.username in users}
+    for key, own in list(sent.items()):
+        if own <= 0 or key in in_last or last is None:
+            continue
+        owed = min(own, _window_bound(sent, {}, classes, key[0]))
+        due = int(max(owed - window.get(key, 0), 0))
+        if due > 0:
+            credit(last, key[0], key[1], 0.0, due)
     session.flush()
     return len(fresh)
 

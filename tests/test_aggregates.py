@@ -360,8 +360,9 @@ def test_dashboard_snapshot_shows_the_top_rows_only(db, app):
 
 def test_honest_volunteers_in_rounds_of_their_own_are_each_credited_in_full(client, volunteers):
     """Two honest cpu volunteers whose peers finish their batches at different moments: each round holds one of
-    them and the witness, never both. The one whose rounds come second is credited all it sent, the other all but
-    one round (it is held to what the other has sent so far, one round behind). A bound on the other's credit instead
+    them and the witness, never both. Each is credited all it sent: the one whose rounds come first is held, in each
+    of its rounds, to what the other has sent so far (one round behind), and that shortfall is paid in its next round
+    and, after its last, with the other's last round. A bound on the other's credit instead
     of its witnessed weight held each at the other's credit, which was held to its own: neither was credited beyond
     the first round. A forger claiming the reducers' cap in rounds of its own is still held to what the fastest
     other volunteer's peer of its class sent over the window."""
@@ -371,8 +372,26 @@ def test_honest_volunteers_in_rounds_of_their_own_are_each_credited_in_full(clie
         assert run.witness(2 + 2 * index, f"g{index}", 1 + index, ("Grace", "QmG", 100.0)) == 1
         assert run.witness(3 + 2 * index, f"z{index}", 1 + index, ("zed", "QmZ", 100.0)) == 1
     rows = {r["username"]: r for r in run.check()[0]}
-    assert (rows["Grace"]["samples"], rows["zed"]["samples"]) == (9 * 100, 10 * 100)
+    assert (rows["Grace"]["samples"], rows["zed"]["samples"]) == (10 * 100, 10 * 100)
     for index in range(12):  # 128: the experiment's target batch, where every reducer caps a claimed weight
         assert run.witness(30 + index, f"m{index}", 11 + index, ("mallory", "QmM", 128.0)) == 1
     rows = {r["username"]: r for r in run.check()[0]}
     assert rows["mallory"]["samples"] == 10 * 100  # zed's (or Grace's) witnessed weight over the window, not 12 x 128
+
+
+def test_an_overclaimer_whose_rounds_come_last_earns_no_more_than_the_honest_peer(client, volunteers):
+    """zed claims the reducers' cap (128) in every round while Grace sends 64. They meet once, then Grace averages
+    alone for four rounds (held to zed's 128 so far; zed is paid his 128 in full), then zed alone for three: zed is held to Grace's 320, and
+    Grace, who sent those 320, is paid her shortfall with zed's last round. Before that payment an honest peer whose
+    rounds came first ended with 128 against the overclaimer's 320."""
+    run, _ = volunteers
+    run.read(1, ("Grace", "QmG", 1, 10, 50.0), ("zed", "QmZ", 1, 10, 50.0))
+    assert run.witness(2, "both", 1, ("Grace", "QmG", 64.0), ("zed", "QmZ", 128.0)) == 1
+    for index in range(4):
+        assert run.witness(3 + index, f"g{index}", 2 + index, ("Grace", "QmG", 64.0)) == 1
+    rows = {r["username"]: r for r in run.check()[0]}
+    assert (rows["Grace"]["samples"], rows["zed"]["samples"]) == (128, 128)  # each what the other sent, at most
+    for index in range(3):
+        assert run.witness(10 + index, f"z{index}", 6 + index, ("zed", "QmZ", 128.0)) == 1
+    rows = {r["username"]: r for r in run.check()[0]}
+    assert (rows["Grace"]["samples"], rows["zed"]["samples"]) == (320, 320)
