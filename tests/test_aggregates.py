@@ -381,9 +381,9 @@ def test_honest_volunteers_in_rounds_of_their_own_are_each_credited_in_full(clie
 
 def test_an_overclaimer_whose_rounds_come_last_earns_no_more_than_the_honest_peer(client, volunteers):
     """zed claims the reducers' cap (128) in every round while Grace sends 64. They meet once, then Grace averages
-    alone for four rounds (held to zed's 128 so far; zed is paid his 128 in full), then zed alone for three: zed is held to Grace's 320, and
-    Grace, who sent those 320, is paid her shortfall with zed's last round. Before that payment an honest peer whose
-    rounds came first ended with 128 against the overclaimer's 320."""
+    alone for four rounds (held to zed's 128 so far; zed is paid his 128 in full), then zed alone for three: zed is
+    held to Grace's 320, and Grace, who sent those 320, is paid her shortfall with zed's last round. Before that
+    payment an honest peer whose rounds came first ended with 128 against the overclaimer's 320."""
     run, _ = volunteers
     run.read(1, ("Grace", "QmG", 1, 10, 50.0), ("zed", "QmZ", 1, 10, 50.0))
     assert run.witness(2, "both", 1, ("Grace", "QmG", 64.0), ("zed", "QmZ", 128.0)) == 1
