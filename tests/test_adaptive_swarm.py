@@ -44,11 +44,16 @@ signal.signal(signal.SIGTERM, on_term)
 def progress(p):
     print(json.dumps({"event": "progress", "t": time.time(), **dataclasses.asdict(p)}), flush=True)
 
+def joined(peer_id, maddrs):
+    print(json.dumps({"event": "joined", "t": time.time()}), flush=True)
+    gate = opts.get("gate")  # peers started together train together: each waits, in the swarm, for the test's go
+    while gate and not os.path.exists(gate) and not stop.is_set():
+        time.sleep(0.1)
+
 s = train(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=Path(opts["identity"]),
           max_steps=opts.get("steps"), max_minutes=opts.get("minutes"), auxiliary=opts.get("aux", False),
           precision=opts.get("precision", "auto"), bandwidth=opts.get("bandwidth"), stop_event=stop,
-          on_progress=progress,
-          on_joined=lambda peer_id, maddrs: print(json.dumps({"event": "joined", "t": time.time()}), flush=True))
+          on_progress=progress, on_joined=joined)
 print(json.dumps({"event": "summary", "steps": s.steps, "epoch": s.epoch, "first_loss": s.first_loss,
                   "last_loss": s.last_loss, "stop_reason": s.stop_reason.value, "precision": s.precision,
                   "overlap": s.overlap,
@@ -125,8 +130,14 @@ def test_mixed_precision_peers_and_an_auxiliary_peer_average_together(swarm_peer
     try:
         workers.start("aux", aux=True, minutes=3, bandwidth=1000.0)
         workers.wait_for("aux", lambda e: e["event"] == "joined", timeout=60)
-        workers.start("fp32", steps=40, precision="fp32", bandwidth=100.0)
-        workers.start("bf16", steps=40, precision="bf16", bandwidth=100.0)
+        # both in the swarm before either trains: on a busy machine one peer's 40 steps once ended before the other
+        # had started, and it never averaged
+        gate = tmp_path / "go"
+        workers.start("fp32", steps=40, precision="fp32", bandwidth=100.0, gate=str(gate))
+        workers.start("bf16", steps=40, precision="bf16", bandwidth=100.0, gate=str(gate))
+        for name in ("fp32", "bf16"):
+            workers.wait_for(name, lambda e: e["event"] == "joined", timeout=120)
+        gate.touch()
         results = {name: workers.events(name) for name in ("fp32", "bf16")}
         workers.procs["aux"].send_signal(signal.SIGTERM)
         aux = workers.events("aux", timeout=60)
@@ -152,8 +163,12 @@ def test_a_peer_averaging_in_the_background_trains_together_with_one_that_does_n
     workers = Workers(swarm_peer, tmp_path)
     chosen = {"a": Overlap.none, "b": Overlap.delayed_averaging}
     try:
+        gate = tmp_path / "go"  # both in the swarm before either trains
         for name, overlap in chosen.items():
-            workers.start(name, steps=40, overlap=overlap)
+            workers.start(name, steps=40, overlap=overlap, gate=str(gate))
+        for name in chosen:
+            workers.wait_for(name, lambda e: e["event"] == "joined", timeout=120)
+        gate.touch()
         results = {name: workers.events(name) for name in chosen}
     finally:
         left = workers.close()
