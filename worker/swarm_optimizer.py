@@ -28,6 +28,7 @@ from typing import Any
 import hivemind
 import torch
 from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.optim.state_averager import TrainingStateAverager, dump_optimizer_state, load_optimizer_state
 
 from . import robust, witness
@@ -47,7 +48,30 @@ class _KeepsLoadedMetadata(DecentralizedAverager):  # type: ignore[misc]
         return loaded
 
 
-class SwarmStateAverager(TrainingStateAverager, _KeepsLoadedMetadata):  # type: ignore[misc]
+class _CancelsUnformedRounds(DecentralizedAverager):  # type: ignore[misc]
+    """Keeps the controls of the averaging rounds it starts, so that a peer leaving can cancel those that no group
+    holds yet. ``TrainingStateAverager`` runs a state round in the background at an epoch's end (hivemind's
+    ``delay_state_averaging``) and the optimizer's shutdown waits for it: for the last volunteer of a swarm to leave
+    that round never finds a group (the server's witness holds no state), and it waited ``averaging_timeout``."""
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        control = super().step(*args, **kwargs)
+        if isinstance(control, StepControl):
+            open_rounds = [c for c in getattr(self, "_open_rounds", []) if not c.done()]
+            self._open_rounds = [*open_rounds, control]
+        return control
+
+    def cancel_unformed_rounds(self) -> int:
+        """Cancel the rounds still waiting to look for a group or looking for one; returns how many."""
+        cancelled = 0
+        for control in getattr(self, "_open_rounds", []):
+            if not control.done() and control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP):
+                cancelled += bool(control.cancel())
+        self._open_rounds = []
+        return cancelled
+
+
+class SwarmStateAverager(TrainingStateAverager, _KeepsLoadedMetadata, _CancelsUnformedRounds):  # type: ignore[misc]
     """hivemind's state averager with a schedule offset: the learning-rate schedule is at step
     ``local_epoch - schedule_offset``. The offset is shared with the state (its metadata's ``schedule_offset``) and
     taken with a downloaded state when it is a whole number between 0 and that state's epoch."""
@@ -179,6 +203,22 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
         if self._roster is None:  # the server's witness: hivemind's tracker, its last read kept for the witness
             return witness.make_recording_tracker_class()(**common)
         return robust.make_tracker_class()(roster=self._roster, **common)
+
+    def shutdown(self) -> None:
+        """hivemind's, except for the rounds that no group holds yet, which a leaving peer cancels instead of
+        waiting up to ``averaging_timeout`` for a group that, with the others gone, may never form (the last
+        volunteer to leave a swarm of two waited 20 s): the state round started in the background at the last
+        epoch's end (``_CancelsUnformedRounds``), and a gradient round scheduled but not yet looking for a group,
+        which hivemind would join with zero weight (it cancels one already looking)."""
+        if isinstance(self.state_averager, _CancelsUnformedRounds) and self.state_averager.cancel_unformed_rounds():
+            logger.debug("cancelled the state round that no group held before leaving")
+        for name in ("scheduled_grads", "scheduled_state"):
+            control = getattr(self, name, None)
+            if control is not None and not control.done() and control.stage == AveragingStage.IDLE:
+                logger.debug("cancelling the %s round scheduled before leaving", name.removeprefix("scheduled_"))
+                control.cancel()
+                setattr(self, name, None)
+        super().shutdown()
 
     def _alone_with_server_peers(self) -> bool:
         return self._roster is not None and getattr(self.tracker, "other_trainers", 1) == 0

@@ -91,6 +91,19 @@ def averaged_epochs(tmp: Path, since: float = 0.0) -> list[tuple[str, int]]:
     return [(name, count) for name, count in rows]
 
 
+def leaving_seconds(log: Path) -> float:
+    """Seconds from the worker's optimizer saying goodbye to the swarm to its being shut down, from its log."""
+
+    def at(line: str) -> datetime:
+        return datetime.strptime(line[:19], "%b %d %H:%M:%S.%f")
+
+    lines = log.read_text(errors="replace").splitlines()
+    goodbye = [at(line) for line in lines if line.endswith("Sending goodbye to peers...")]
+    down = [at(line) for line in lines if line.endswith("SwarmOptimizer is shut down")]
+    assert goodbye and down, lines[-20:]
+    return (down[-1] - goodbye[-1]).total_seconds()
+
+
 def test_two_volunteers_train_together_over_several_token_lifetimes(tmp_path):
     """With 15-second swarm tokens, a 90-second run outlives six of them: every peer renews its token (workers
     through the server, the server's peer by itself) and the two volunteers average together to the end. (A
@@ -109,6 +122,12 @@ def test_two_volunteers_train_together_over_several_token_lifetimes(tmp_path):
         late = averaged_epochs(tmp_path, since=started + 35)
         assert [name for name, _ in late] == ["ada", "grace"], late
         assert all(epochs >= 2 for _, epochs in late), late
+
+        # Each left within seconds: the state round started at its last epoch's end, which no group will join once
+        # the other has gone, is cancelled, not waited for (the second to leave once waited out the whole 20-s
+        # averaging timeout in it).
+        for name in ("ada", "grace"):
+            assert leaving_seconds(tmp_path / name / "logs" / f"{SLUG}.log") < 10, name
 
         board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard").json()
         assert sorted(entry["username"] for entry in board) == ["ada", "grace"]
