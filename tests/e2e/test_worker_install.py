@@ -27,7 +27,7 @@ from swarmhub import __version__
 
 from ..processes import DIGITS_SLUG, running_server, signup, start_digits_experiment
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.e2e, pytest.mark.waits, pytest.mark.timeout(420)]  # see tests/lanes.py
 
 
 def wait_package(url: str, timeout: float = 240.0) -> dict:
