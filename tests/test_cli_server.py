@@ -226,7 +226,9 @@ def join_rewriting_proxy(upstream: str, rewrite):
             body, more = body + message.get("body", b""), message.get("more_body", False)
         headers = [(k.decode(), v.decode()) for k, v in scope["headers"] if k != b"host"]
         url = upstream + scope["path"] + (f"?{scope['query_string'].decode()}" if scope["query_string"] else "")
-        async with httpx.AsyncClient() as upstream_client:
+        # the worker's own timeouts are what is tested: the proxy waits as long as the server takes (httpx's 5-s
+        # default once failed a join on a busy machine)
+        async with httpx.AsyncClient(timeout=60.0) as upstream_client:
             response = await upstream_client.request(scope["method"], url, headers=headers, content=body)
         content = response.content
         if scope["path"].endswith("/join") and response.status_code == 200:
