@@ -199,15 +199,21 @@ def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp
         set_status(url, headers, "pause")
         set_status(url, headers, "start")
         first_losses = [loss for _, loss in reports(tmp_path, "ada")[:2]]
-        late = join(url, tmp_path, "linus", ["--max-steps", "60"])  # online for a few of the server's pulls
-        seen, outputs = wait_volunteers([late], tmp_path)
-        assert late[2].returncode == 0, outputs["linus"][-3000:]
+        # online until the server's checkpoint peer has pulled its state once (60 steps once ended, and the volunteer
+        # left within seconds, before the restarted checkpoint peer's first pull on a busy machine); the step limit
+        # is a bound
+        late = join(url, tmp_path, "linus", ["--max-steps", "400"])
+        try:
+            later = wait_for_checkpoint(url, after_epoch=resumed_from["epoch"], timeout=240)
+        finally:
+            late[2].send_signal(signal.SIGTERM)
+            seen, outputs = wait_volunteers([late], tmp_path)
+        assert late[2].returncode in (0, 143), outputs["linus"][-3000:]  # 143: it left cleanly on SIGTERM
         linus = reports(tmp_path, "linus")
         assert linus, outputs["linus"][-3000:]
         # Its step continues from the checkpoint's, and its loss from where the swarm left off, not from scratch.
         assert linus[0][0] >= resumed_from["epoch"], (linus[:3], resumed_from)
         assert linus[0][1] < min(first_losses) - 0.3, (linus[:3], first_losses)
-        later = wait_for_checkpoint(url, after_epoch=resumed_from["epoch"])
         assert later["epoch"] > last["epoch"]
         assert not outlived(seen)
 
