@@ -204,7 +204,14 @@ def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp
         # is a bound
         late = join(url, tmp_path, "linus", ["--max-steps", "400"])
         try:
-            later = wait_for_checkpoint(url, after_epoch=resumed_from["epoch"], timeout=240)
+            # A checkpoint newer than linus's first step is linus's work: the one read above may not be the last of
+            # the emptied swarm (the checkpoint peer can still be saving its final state when the list is read).
+            deadline = time.monotonic() + 180
+            while not (first := reports(tmp_path, "linus")):
+                running = late[2].poll() is None and time.monotonic() < deadline
+                assert running, (tmp_path / "linus.out").read_text()[-3000:]
+                time.sleep(1)
+            later = wait_for_checkpoint(url, after_epoch=first[0][0], timeout=240)
         finally:
             late[2].send_signal(signal.SIGTERM)
             seen, outputs = wait_volunteers([late], tmp_path)
