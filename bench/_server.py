@@ -249,18 +249,18 @@ def seed_history(database_url: str, slug: str, workers: int = 8, seconds: int = 
 
     runs = volunteers(database_url, slug, workers, per_user=1)
     engine = make_engine(database_url)
-    real_clock = metrics.utcnow
+    real_clock = metrics.clock.utcnow
     start = real_clock() - timedelta(seconds=seconds + 60)
     try:
         with make_sessionmaker(engine).begin() as session:
             for n, i in enumerate(range(0, seconds, every)):
                 worker = session.get(WorkerRun, runs[n % workers][0])
                 assert worker is not None
-                metrics.utcnow = lambda i=i: start + timedelta(seconds=i)  # type: ignore[misc]
+                metrics.clock.utcnow = lambda i=i: start + timedelta(seconds=i)  # type: ignore[misc]
                 report = MetricReport.model_validate_json(report_message(n // workers, loss=3.0 - i / seconds))
                 metrics.ingest(session, worker, report)
     finally:
-        metrics.utcnow = real_clock  # type: ignore[misc]
+        metrics.clock.utcnow = real_clock  # type: ignore[misc]
         engine.dispose()
     return len(range(0, seconds, every))
 

@@ -105,12 +105,12 @@ def without_epoch_guard(cfg: dict[str, Any]) -> None:
         return
     from swarmhub.worker import training
 
-    loop = training._loop
+    loop = training.trainer_loop
 
     def unguarded(*args: Any, **kwargs: Any) -> None:
         loop(*args, **{**kwargs, "min_epoch_seconds": 0.0})
 
-    training._loop = unguarded  # type: ignore[assignment]
+    training.trainer_loop = unguarded  # type: ignore[assignment]
 
 
 def held_out_loss(task: Any, model: torch.nn.Module) -> float:

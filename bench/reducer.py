@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from swarmhub.worker import robust
+from swarmhub.worker import policy, robust
 
 PART = 128 * 1024  # float32 elements: 512 KiB
 
@@ -63,9 +63,9 @@ def main() -> None:
         times: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(args.repeats):  # interleaved, so that a slow spell hits every variant
             for name, make in variants.items():
-                robust.POLICY.aggregation = "centered-clip" if name == "centered-clip" else "mean"
+                policy.POLICY.aggregation = "centered-clip" if name == "centered-clip" else "mean"
                 times[name].append(reduce_all(make, senders, parts) / args.parts * 1000)
-        robust.POLICY.aggregation = "mean"
+        policy.POLICY.aggregation = "mean"
         base = statistics.median(times["hivemind"])
         mean, clip = statistics.median(times["mean"]), statistics.median(times["centered-clip"])
         held = senders * PART * 4 / 2**20

@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased
 
-from .metrics.common import _active_since, current_time, device_class
+from .metrics.common import active_since, current_time, device_class
 from .models import Experiment, SwarmFlag, SwarmPeer, User, WorkerRun
 from .swarm.supervision import PeerState
 
@@ -83,7 +83,7 @@ def view(
 ) -> SwarmView:
     """The experiment's peers now in the swarm, by volunteer then peer ID; two statements whatever their number.
     ``server_peers``: the server's own peer processes for it (``SwarmCoordinator.peer_states``)."""
-    since = _active_since(window_seconds)
+    since = active_since(window_seconds)
     in_window = and_(SwarmPeer.experiment_id == experiment.id, SwarmPeer.last_seen >= since)
     flags = (
         select(SwarmFlag.peer_id, SwarmFlag.reason, func.sum(SwarmFlag.count).label("times"))

@@ -392,10 +392,10 @@ def test_what_a_training_worker_asks_in_the_background_records_a_refusal_for_goo
     from swarmhub.worker import swarm_access
     from swarmhub.worker.client import USER_AGENT, ApiClient, ExitCode
     from swarmhub.worker.deny_list import DenyList
-    from swarmhub.worker.peer_access import _Access
+    from swarmhub.worker.peer_access import PeerAccess
     from swarmhub.worker.protocol import JoinRequest
 
-    # _Access makes the peer's key hivemind's process-wide signing key: put the one before back afterwards
+    # PeerAccess makes the peer's key hivemind's process-wide signing key: put the one before back afterwards
     monkeypatch.setattr(RSAPrivateKey, "_process_wide_key", RSAPrivateKey._process_wide_key)
     app, _db = hosted_elsewhere(settings, "revoked-login")
     identity = tmp_path / "identity.key"
@@ -420,7 +420,7 @@ def test_what_a_training_worker_asks_in_the_background_records_a_refusal_for_goo
                 return polling.denylist("revoked-login")
 
         deny_list = DenyList(denied, interval=3600)  # polled by hand below
-        access = _Access(joined, identity, fetch_token, deny_list)
+        access = PeerAccess(joined, identity, fetch_token, deny_list)
         first = access.fetch()
         deny_list._safe_read()
         served = (access.refused, deny_list.refused)
@@ -436,7 +436,7 @@ def test_what_a_training_worker_asks_in_the_background_records_a_refusal_for_goo
     assert kept is first  # the current token still serves until training stops
 
     # the server gone for now: no refusal, the last token and list stay
-    offline_access = _Access(joined, identity, fetch_token, DenyList(None))
+    offline_access = PeerAccess(joined, identity, fetch_token, DenyList(None))
     offline_list = DenyList(denied, interval=3600)
     offline_access.fetch()
     offline_list.close()

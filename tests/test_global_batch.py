@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarmhub.worker import robust, swarm_access, swarm_epoch
+from swarmhub.worker import swarm_access, swarm_epoch
 
 pytestmark = pytest.mark.swarm
 
@@ -40,7 +40,7 @@ def two_dhts():
 
 def make_tracker(dht, run_id: str, target: int, roster: swarm_epoch.Roster):  # noqa: ANN001, ANN201
     """swarmhub's progress tracker with hivemind's read schedule, as a training peer runs it."""
-    return robust.make_tracker_class()(dht=dht, prefix=run_id, target_batch_size=target, start=True, roster=roster)
+    return swarm_epoch.make_tracker_class()(dht=dht, prefix=run_id, target_batch_size=target, start=True, roster=roster)
 
 
 def join_as_bob(dht, run_id: str, experiment: RSAPrivateKey, samples: int) -> None:  # noqa: ANN001
@@ -74,7 +74,7 @@ def test_a_peer_that_joins_after_the_last_roster_read_counts_towards_the_batch_a
     ada_dht, bob_dht = two_dhts
     run_id, experiment = "late-roster", RSAPrivateKey()
     roster = swarm_epoch.Roster(ada_dht, run_id, experiment.get_public_key(), own_username="ada")
-    tracker = robust.make_tracker_class()(
+    tracker = swarm_epoch.make_tracker_class()(
         dht=ada_dht,
         prefix=run_id,
         target_batch_size=TARGET,
@@ -157,7 +157,7 @@ def test_the_rate_a_peer_publishes_is_timed_from_its_first_step(two_dhts):
 
 def test_after_the_epoch_length_guard_s_wait_a_lone_peer_trains_a_whole_batch_before_its_next_epoch(two_dhts):
     """The training loop waits after an epoch change when epochs are shorter than ``matchmaking_time``
-    (``training_loop._loop``). The peer trains nothing while it waits; its next epoch must still take a whole
+    (``training_loop.trainer_loop``). The peer trains nothing while it waits; its next epoch must still take a whole
     target batch of its training, not end after a step or two because its record (stamped at the epoch change) was
     extrapolated over the wait: a peer alone in its swarm trained at a tenth of the guard's cap so."""
     from hivemind.utils.timed_storage import get_dht_time
@@ -170,7 +170,7 @@ def test_after_the_epoch_length_guard_s_wait_a_lone_peer_trains_a_whole_batch_be
     assert swarm_access.publish_roster_entry(ada_dht, run_id, token)
     roster = swarm_epoch.Roster(ada_dht, run_id, experiment.get_public_key(), own_username="ada")
     target = 1_600  # about half a second of this peer's training (32 samples a step, a step every 10 ms or more)
-    tracker = robust.make_tracker_class()(
+    tracker = swarm_epoch.make_tracker_class()(
         dht=ada_dht, prefix=run_id, target_batch_size=target, start=True, roster=roster, private_key=ada
     )
     try:

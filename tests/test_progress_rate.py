@@ -13,7 +13,7 @@ import time
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarmhub.worker import robust, swarm_epoch
+from swarmhub.worker import swarm_epoch
 
 pytestmark = pytest.mark.swarm
 
@@ -49,7 +49,9 @@ def counting_stores(dht) -> list[float]:  # noqa: ANN001
 def make_tracker(dht, run_id: str, swarmhub: bool):  # noqa: ANN001
     if swarmhub:
         roster = swarm_epoch.Roster(dht, run_id, RSAPrivateKey().get_public_key(), own_username="ada")
-        return robust.make_tracker_class()(dht=dht, prefix=run_id, target_batch_size=TARGET, start=True, roster=roster)
+        return swarm_epoch.make_tracker_class()(
+            dht=dht, prefix=run_id, target_batch_size=TARGET, start=True, roster=roster
+        )
     from hivemind.optim.progress_tracker import ProgressTracker
 
     return ProgressTracker(dht=dht, prefix=run_id, target_batch_size=TARGET, start=True)

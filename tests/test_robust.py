@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from swarmhub.worker import aggregation, robust, swarm_access
+from swarmhub.worker import aggregation, policy, robust, state_guard, swarm_access, swarm_epoch
 
 from .conftest import api_token, make_user
 
@@ -36,7 +36,7 @@ def reduce(
     """One slice through the guarded reducer, every sender concurrently, as hivemind's all-reduce calls it (a
     gradient round, or with ``state_round`` a round of the state averager, which the runner marks so), in the
     process of the peer ``own_id`` (one of the senders, ``peer-I``, or none of them)."""
-    robust.POLICY.aggregation, robust.POLICY.max_weight = aggregation, max_weight
+    policy.POLICY.aggregation, policy.POLICY.max_weight = aggregation, max_weight
     reducer_class = robust.make_reducer_class()
 
     async def run() -> list[torch.Tensor]:  # made in the loop, as hivemind's all-reduce makes it
@@ -49,7 +49,7 @@ def reduce(
     try:
         results = asyncio.run(run())
     finally:
-        robust.POLICY.aggregation, robust.POLICY.max_weight = "mean", math.inf
+        policy.POLICY.aggregation, policy.POLICY.max_weight = "mean", math.inf
     assert all(torch.equal(results[0], r) for r in results)  # every sender gets the same average back
     return results[0]
 
@@ -292,24 +292,26 @@ def test_the_swarm_s_epoch_has_one_vote_per_account():
     # from ada's view (epoch 7): bob is at 7, mallory says 1007 with two peers; the lower median of the other
     # accounts' votes is 7, so records past 8 are ignored
     entries = [("ada", 7), ("bob", 7), ("mallory", 1007), ("mallory", 1007)]
-    assert robust.epoch_bound(entries, "ada", 7) == 8
+    assert swarm_epoch.epoch_bound(entries, "ada", 7) == 8
     # a newcomer at epoch 0 judges the same way
-    assert robust.epoch_bound([*entries, ("joan", 0)], "joan", 0) == 8
+    assert swarm_epoch.epoch_bound([*entries, ("joan", 0)], "joan", 0) == 8
     # an account that forges a low epoch does not hold back a peer further on
-    assert robust.epoch_bound([("ada", 7), ("mallory", 0)], "ada", 7) == 8
+    assert swarm_epoch.epoch_bound([("ada", 7), ("mallory", 0)], "ada", 7) == 8
     # alone, or with only its own account: nothing to judge by
-    assert robust.epoch_bound([("ada", 7)], "ada", 7) is None
+    assert swarm_epoch.epoch_bound([("ada", 7)], "ada", 7) is None
 
 
 def test_state_comes_from_the_server_s_peer_first_and_never_from_past_the_bound():
     names = {"srv": swarm_access.SERVER_PEER_USERNAME, "a": "ada", "m": "mallory", "b": "bob"}
-    order, ahead = robust.order_sources({"srv": 9.0, "a": 10.0, "m": 1010.0, "b": 8.0}, names, bound=11, own_id="me")
+    order, ahead = state_guard.order_sources(
+        {"srv": 9.0, "a": 10.0, "m": 1010.0, "b": 8.0}, names, bound=11, own_id="me"
+    )
     assert order == ["srv", "a", "b"] and ahead == ["m"]
     # a server peer far behind (a checkpoint minutes old) is not preferred over the swarm's newest state
-    order, _ = robust.order_sources({"srv": 2.0, "a": 10.0}, names, bound=11, own_id="me")
+    order, _ = state_guard.order_sources({"srv": 2.0, "a": 10.0}, names, bound=11, own_id="me")
     assert order == ["a", "srv"]
     # peers not on the roster are never asked
-    assert robust.order_sources({"x": 5.0}, names, bound=None, own_id="me") == ([], [])
+    assert state_guard.order_sources({"x": 5.0}, names, bound=None, own_id="me") == ([], [])
 
 
 def test_a_peer_flagged_with_evidence_is_not_followed_but_a_lagging_one_is():
@@ -337,18 +339,18 @@ def test_a_peer_flagged_with_evidence_is_not_followed_but_a_lagging_one_is():
     }
     names = {ids[name]: ("mallory" if name == "poisoner" else name) for name in keys}
     distrusted = {ids["poisoner"]} | robust.distrusted()
-    kept, bound, _ = robust.bounded_progress(metadata, names, "ada", 7, frozenset(distrusted))
+    kept, bound, _ = swarm_epoch.bounded_progress(metadata, names, "ada", 7, frozenset(distrusted))
     assert bound == 8 and set(kept) == {subkeys[n] for n in ("ada", "bob", "carl", "joan")}  # joan's 8 moves ada
-    kept, _, _ = robust.bounded_progress(metadata, names, "ada", 7)
+    kept, _, _ = swarm_epoch.bounded_progress(metadata, names, "ada", 7)
     assert len(kept) == 5
     # one epoch past both ada's and the others' median is followed only from a peer ada averaged with: joan gets
     # there by completing a round, a forger by publishing a record
     robust.averaged_with([ids["joan"]])
     partners = robust.partners()
     assert ids["joan"] in partners and ids["poisoner"] not in partners
-    kept, _, ahead = robust.bounded_progress(metadata, names, "ada", 7, frozenset(), partners)
+    kept, _, ahead = swarm_epoch.bounded_progress(metadata, names, "ada", 7, frozenset(), partners)
     assert set(kept) == {subkeys[n] for n in ("ada", "bob", "carl", "joan")} and ahead == [ids["poisoner"]]
-    kept, _, _ = robust.bounded_progress(metadata, names, "ada", 7, frozenset(), frozenset())
+    kept, _, _ = swarm_epoch.bounded_progress(metadata, names, "ada", 7, frozenset(), frozenset())
     assert set(kept) == {subkeys[n] for n in ("ada", "bob", "carl")}
     robust.take_flags()
 
@@ -374,19 +376,19 @@ def test_the_server_s_checkpoint_peer_is_bounded_by_the_witness_s_record_not_by_
     }
     server = swarm_access.SERVER_PEER_USERNAME
     names = {ids["witness"]: server, ids["keeper"]: server, ids["mallory"]: "mallory"}
-    kept, bound, ahead = robust.bounded_progress(metadata, names, server, 0, own_peer=ids["keeper"])
+    kept, bound, ahead = swarm_epoch.bounded_progress(metadata, names, server, 0, own_peer=ids["keeper"])
     assert bound == 1 and ahead == [ids["mallory"]] and len(kept) == 2
     # without saying which peer it is, a server peer has no hub to follow: the forger's epoch is the bound
-    _, bound, ahead = robust.bounded_progress(metadata, names, server, 0)
+    _, bound, ahead = swarm_epoch.bounded_progress(metadata, names, server, 0)
     assert bound == 41 and ahead == []
 
 
 def test_a_state_with_non_finite_values_or_a_jump_in_norm_is_refused():
     own = [torch.ones(10), torch.ones(5)]
-    assert robust.check_state([torch.ones(10) * 2, torch.ones(5), torch.zeros(3)], own) is None
-    assert "non-finite" in robust.check_state([torch.ones(10), torch.full((5,), float("inf"))], own)
-    assert "norm" in robust.check_state([torch.ones(10) * 100, torch.ones(5) * 100], own)
-    assert robust.check_state([torch.ones(10) * 100, torch.ones(5) * 100], None) is None  # the server's peer
+    assert state_guard.check_state([torch.ones(10) * 2, torch.ones(5), torch.zeros(3)], own) is None
+    assert "non-finite" in state_guard.check_state([torch.ones(10), torch.full((5,), float("inf"))], own)
+    assert "norm" in state_guard.check_state([torch.ones(10) * 100, torch.ones(5) * 100], own)
+    assert state_guard.check_state([torch.ones(10) * 100, torch.ones(5) * 100], None) is None  # the server's peer
 
 
 def test_the_organizer_picks_the_aggregation_and_workers_get_it(client, db):

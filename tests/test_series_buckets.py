@@ -80,7 +80,7 @@ class Clock:
 @pytest.fixture
 def swarm(db, monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(metrics, "utcnow", clock)  # the server's clock: reports arrive when the test says
+    monkeypatch.setattr(metrics.clock, "utcnow", clock)  # the server's clock: reports arrive when the test says
     organizer = make_user(db, "olga")
     ada = make_user(db, "ada")
     experiment = make_experiment(db, organizer, slug="curve", status="running")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from swarmhub.worker import hub_commands, session
+from swarmhub.worker import errors, session
 from swarmhub.worker.training import Progress
 
 SERVER_STACK = ("fastapi", "sqlalchemy", "starlette", "alembic", "jinja2")
@@ -63,7 +63,7 @@ def test_the_base_install_runs_without_the_server_stack():
 def test_server_commands_say_which_extra_to_install(blocked, command):
     done = without(blocked, *command)
     assert done.returncode == 1
-    assert done.stderr == hub_commands.SERVER_EXTRA_HINT + "\n"
+    assert done.stderr == errors.SERVER_EXTRA_HINT + "\n"
     assert done.stdout == ""
 
 

@@ -130,3 +130,27 @@ class RemoteCorpus:
                 index = fallback.pop()
             shard = shards[index]
             yield self._fetch(shard["name"], shard["sha256"])
+
+
+def corpus_of(server_url: str, token: str, slug: str, cache_dir: Path, data_path: str | None = None) -> Any:
+    """The experiment's corpus as the server hands it out: its manifest now, shards and the next shard's
+    number on demand (``swarmhub join`` and ``swarmhub doctor``)."""
+    from .client import USER_AGENT, ApiClient, WorkerError
+
+    path = data_path or f"/api/experiments/{slug}/data"  # slug: checked against SLUG_RE by the commands
+    with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
+        manifest = api.data_manifest(slug, path)
+
+    def get(name: str) -> bytes:
+        with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
+            return api.data_file(slug, path, name)
+
+    def next_shard() -> int | None:
+        try:
+            with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
+                return api.next_shard(slug, path)
+        except WorkerError as exc:  # training goes on with shards in this worker's own order
+            logger.warning("could not ask the server for the next shard: %s", exc.message)
+            return None
+
+    return RemoteCorpus(manifest, cache_dir, get, next_shard)

@@ -293,7 +293,7 @@ def run_all(
     """Every check of ``swarmhub doctor``, each line echoed as it is found, then what to do next; True when
     something must be fixed before joining. With ``slug``, the experiment's training throughput here too, on its
     corpus downloaded as ``join`` downloads it."""
-    from .joining import corpus_of
+    from .data import corpus_of
 
     experiment = client.experiment(slug) if slug is not None else None
     echo(f"Checking this machine for {client.server_url}" + (f" and {slug!r}" if slug else "") + ":")

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+# What a server command says where the server's package or its web stack is not installed (``swarmhub server``,
+# ``admin`` and ``demo`` on a volunteer's worker).
+SERVER_EXTRA_HINT = "The server needs the server extra: pip install 'swarmhub[server]'"
+
 
 class ExitCode(IntEnum):
     OK = 0

@@ -184,30 +184,10 @@ def _send_leftovers(server_url: str, token: str, joined: JoinResponse, folder: P
 
 def remote_corpus(server_url: str, token: str, joined: JoinResponse, cache_dir: Path) -> Any:
     """The experiment's corpus, downloaded as the task reads it and cached in ``cache_dir``."""
+    from .data import corpus_of  # numpy: not for the commands that never train
+
     assert joined.data_path is not None
     return corpus_of(server_url, token, joined.experiment.slug, cache_dir, joined.data_path)
-
-
-def corpus_of(server_url: str, token: str, slug: str, cache_dir: Path, data_path: str | None = None) -> Any:
-    from .data import RemoteCorpus
-
-    path = data_path or f"/api/experiments/{slug}/data"  # slug: checked against SLUG_RE by the commands
-    with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
-        manifest = api.data_manifest(slug, path)
-
-    def get(name: str) -> bytes:
-        with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
-            return api.data_file(slug, path, name)
-
-    def next_shard() -> int | None:
-        try:
-            with ApiClient(server_url, token, user_agent=USER_AGENT) as api:
-                return api.next_shard(slug, path)
-        except WorkerError as exc:  # training goes on with shards in this worker's own order
-            logger.warning("could not ask the server for the next shard: %s", exc.message)
-            return None
-
-    return RemoteCorpus(manifest, cache_dir, get, next_shard)
 
 
 def check_swarm_protocol(server_url: str, joined: JoinResponse) -> None:

@@ -123,14 +123,15 @@ def _learn_server_peers(dht: Any, declared: dict[str, float]) -> None:
     unknown = declared.keys() - _SERVER_PEERS - _OTHER_PEERS
     if not unknown or time.monotonic() - _roster_read_at < ROSTER_SECONDS:
         return
-    from . import robust, swarm_access
+    from . import swarm_access
+    from .policy import POLICY
     from .swarm_epoch import Roster
 
-    if robust.POLICY.experiment_key is None:
+    if POLICY.experiment_key is None:
         return
     _roster_read_at = time.monotonic()
     try:
-        names = Roster(dht, robust.POLICY.run_id, robust.POLICY.experiment_key).usernames(unknown)
+        names = Roster(dht, POLICY.run_id, POLICY.experiment_key).usernames(unknown)
     except Exception:  # the next lookup tries again
         return
     for peer in unknown & names.keys():

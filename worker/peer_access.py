@@ -1,6 +1,6 @@
 """This peer's admission to the swarm while it trains: the DHT authorizer and the roster entry, kept current.
 
-The swarm's token (from the server) admits this peer's key; :class:`_Access` renews it before it expires and
+The swarm's token (from the server) admits this peer's key; :class:`PeerAccess` renews it before it expires and
 republishes it on the roster, so that other peers' averagers keep talking to this one.
 """
 
@@ -21,7 +21,7 @@ from .protocol import JoinResponse, SwarmToken
 logger = logging.getLogger("swarmhub.worker.training")
 
 
-class _Access:
+class PeerAccess:
     """This peer's admission to the swarm: the DHT authorizer (which runs in hivemind's DHT process and
     renews its own token) and the roster entry that lets other peers' averagers talk to us (renewed here)."""
 

@@ -33,8 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -61,25 +60,12 @@ from .peer_flags import (
     partners,
     take_flags,
 )
+from .policy import POLICY
+from .state_guard import install_state_guard
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Policy:
-    aggregation: str = "mean"
-    max_weight: float = math.inf  # the experiment's target_batch_size: no peer counts for more than a whole batch
-    flag_weight: float = math.inf  # a claim over this is flagged: WEIGHT_FLAG_FACTOR x (the target or one step's batch)
-    run_id: str = ""
-    experiment_key: Any = None  # the experiment's public key: reads the roster (who is the server's peer)
-    trusted_state: bool = False  # this process is the server's own peer: its norm check has no reference
-    username: str | None = None  # whose peer this is: its own account's records are not a vote
-    # The server's auxiliary peer: called (in the averager's process) with each completed gradient round's id
-    # and its senders with their capped weights (``witness.Witness``)
-    witness: Callable[[str, list[tuple[str, float]]], None] | None = None
-
-
-POLICY = Policy()
 # Each sender's standing in this process's gradient rounds under centered-clip (``aggregation.Standing``): it lives
 # as long as the averager's process, across rounds, which is what lets it tell a sign-flipped or noise part of an
 # honest norm from an honest one.
@@ -357,14 +343,8 @@ def install(
         runner = make_runner_class()
         runner.__swarmhub__ = True  # type: ignore[attr-defined]
         averager_module.AllReduceRunner = runner
-    from .state_guard import install_state_guard
-
     install_state_guard()
 
-
-# The epoch and state parts live in their own modules; their names stay reachable here.
-from .state_guard import check_state, install_state_guard, order_sources  # noqa: E402
-from .swarm_epoch import Roster, bounded_progress, epoch_bound, make_tracker_class, owner_peer_id  # noqa: E402
 
 __all__ = [
     "DISTRUST_SECONDS",
@@ -376,12 +356,4 @@ __all__ = [
     "flag",
     "partners",
     "take_flags",
-    "Roster",
-    "bounded_progress",
-    "check_state",
-    "epoch_bound",
-    "install_state_guard",
-    "make_tracker_class",
-    "order_sources",
-    "owner_peer_id",
 ]

@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
-from . import robust, swarm_access
+from . import peer_flags, swarm_access
 from .aggregation import STATE_NORM_JUMP
+from .policy import POLICY
 from .swarm_epoch import Roster, bounded_progress
 
 logger = logging.getLogger(__name__)
@@ -89,20 +90,20 @@ def install_state_guard() -> None:
                     except Exception:  # noqa: S112 - not a peer ID: nobody to download from
                         continue
             denied = swarm_access._GUARD.denied if swarm_access._GUARD is not None else None
-            roster = Roster(self.dht, robust.POLICY.run_id, robust.POLICY.experiment_key, denied=denied)
-            distrusted = robust.distrusted()  # the peers whose state this process refused before, among others
+            roster = Roster(self.dht, POLICY.run_id, POLICY.experiment_key, denied=denied)
+            distrusted = peer_flags.distrusted()  # the peers whose state this process refused before, among others
             names = {peer: name for peer, name in roster.usernames().items() if peer not in distrusted}
-            progress = self.dht.get(f"{robust.POLICY.run_id}_progress", latest=True)
+            progress = self.dht.get(f"{POLICY.run_id}_progress", latest=True)
             # judged as a newcomer would (this process's copy of the local epoch is not kept current)
             _, bound, _ = bounded_progress(
-                progress.value if progress is not None else None, names, robust.POLICY.username, 0, distrusted
+                progress.value if progress is not None else None, names, POLICY.username, 0, distrusted
             )
             order, ahead = order_sources(priorities, names, bound, self.peer_id.to_base58())
             for peer in ahead:
                 logger.warning("did not download state from %s: its epoch is past the swarm's (%s)", peer, bound)
-                robust.flag(peer, "state epoch ahead of the swarm")
+                peer_flags.flag(peer, "state epoch ahead of the swarm")
             reference = None
-            if not robust.POLICY.trusted_state:
+            if not POLICY.trusted_state:
                 main = getattr(self, "main_parameters", None)
                 reference = [p.detach().cpu() for p in main] if main else None
             for peer in order:
@@ -130,7 +131,7 @@ def install_state_guard() -> None:
                         why = "state without its metadata"
                     if why is not None:
                         logger.warning("refused the state of %s: %s", peer, why)
-                        robust.flag(peer, why)
+                        peer_flags.flag(peer, why)
                         continue
                     # set here, over whatever the source sent: whether the loader may take its optimizer statistics
                     future.set_result((dict(metadata, **{FROM_SERVER_PEER: trusted}), tensors))

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from . import robust, swarm_access
+from . import peer_flags, swarm_access
 
 logger = logging.getLogger(__name__)
 ROSTER_CACHE_SECONDS = 10.0
@@ -143,7 +143,7 @@ def bounded_progress(
     :func:`epoch_bound` (the other accounts' median) where they are not: with two forging accounts of three, the
     median is a forged epoch; the hub's is not.
 
-    With ``partners`` (the peers this one averaged with lately, see ``robust.partners``), a peer already in the
+    With ``partners`` (the peers this one averaged with lately, see ``peer_flags.partners``), a peer already in the
     swarm follows a record at the bound itself (one past both its own epoch and the hub's vote, or the median) only
     from a partner or the server's peers: an honest peer gets there by completing a round, usually with this one,
     while a peer that only publishes records one epoch ahead would otherwise make this peer skip to that epoch
@@ -339,8 +339,8 @@ def make_tracker_class() -> type:
                     names,
                     self.roster.own_username,
                     self.local_progress.epoch,
-                    robust.distrusted() | self.unbacked(),
-                    robust.partners(),
+                    peer_flags.distrusted() | self.unbacked(),
+                    peer_flags.partners(),
                     self.dht.peer_id.to_base58(),
                 )
                 not_trainers = {self.roster.own_username, swarm_access.SERVER_PEER_USERNAME}
@@ -358,7 +358,7 @@ def make_tracker_class() -> type:
             else:
                 for peer in ahead:
                     logger.warning("ignored a progress record of %s: its epoch is past the swarm's", peer)
-                    robust.flag(peer, "epoch ahead of the swarm")
+                    peer_flags.flag(peer, "epoch ahead of the swarm")
                 kept = self._with_own_progress(kept)
             return super()._parse_swarm_progress_data(kept)
 

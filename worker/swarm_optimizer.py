@@ -31,7 +31,7 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.optim.state_averager import TrainingStateAverager, dump_optimizer_state, load_optimizer_state
 
-from . import robust, witness
+from . import swarm_epoch, witness
 from .swarm_epoch import UNBACKED_AFTER_SECONDS, UNBACKED_SECONDS
 
 logger = logging.getLogger(__name__)
@@ -155,10 +155,10 @@ class SwarmStateAverager(TrainingStateAverager, _KeepsLoadedMetadata, _CancelsUn
 
 
 class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
-    """``roster`` (the swarm's, see ``robust.Roster``) makes the progress tracker read the swarm's epoch through
-    ``robust.bounded_progress``: a record with a made-up epoch moves no one."""
+    """``roster`` (the swarm's, see ``swarm_epoch.Roster``) makes the progress tracker read the swarm's epoch through
+    ``swarm_epoch.bounded_progress``: a record with a made-up epoch moves no one."""
 
-    def __init__(self, *args: Any, roster: robust.Roster | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, roster: swarm_epoch.Roster | None = None, **kwargs: Any):
         self._roster = roster
         # hivemind 1.1.12 gives ``averager_opts`` to the state averager only: the gradient rounds, which carry the
         # traffic, would split the vector evenly whatever a peer's bandwidth
@@ -202,7 +202,7 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
         }
         if self._roster is None:  # the server's witness: hivemind's tracker, its last read kept for the witness
             return witness.make_recording_tracker_class()(**common)
-        return robust.make_tracker_class()(roster=self._roster, **common)
+        return swarm_epoch.make_tracker_class()(roster=self._roster, **common)
 
     def shutdown(self) -> None:
         """hivemind's, except for the rounds that no group holds yet, which a leaving peer cancels instead of
@@ -247,7 +247,7 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
 
     def load_state_from_peers(self, **kwargs: Any) -> None:
         """hivemind's, then, when no state could be taken and the swarm still looks ahead, an immediate read of
-        the swarm's progress: the read leaves out the peers whose state was just refused (``robust.distrusted``),
+        the swarm's progress: the read leaves out the peers whose state was just refused (``peer_flags.distrusted``),
         so a peer that serves a poisoned state while advertising a newer epoch keeps no one "out of sync" (without
         it, hivemind asks for the state again at every step until its next scheduled read, and refuses it again).
 

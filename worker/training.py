@@ -30,16 +30,16 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from . import load_balancing, matchmaking, robust, swarm_access, witness
+from . import load_balancing, matchmaking, robust, swarm_access, swarm_epoch, witness
 from .client import ExitCode, WorkerError
 from .optim import Lamb
 from .overlap import choose_overlap, overlap_options
-from .peer_access import _Access
+from .peer_access import PeerAccess
 from .protocol import JoinResponse, OptimizerName, SwarmToken, TrainingSettings
 from .tasks import Task, TaskData, UnknownTask, get_task
 from .training_loop import OPTIMIZER_LOGGER as OPTIMIZER_LOGGER
+from .training_loop import AveragingWatcher, ReporterLike, StopReason, assist_loop, trainer_loop
 from .training_loop import Progress as Progress
-from .training_loop import ReporterLike, StopReason, _assist, _AveragingWatcher, _loop
 from .training_loop import TrainingSummary as TrainingSummary
 
 logger = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ def train(
     logger.info("training on %s, precision %s, overlap %s%s", torch_device, amp, overlap.value, chosen)
 
     deny_list = swarm_access.DenyList(denied)
-    access = _Access(join, identity_path, fetch_token, deny_list)
+    access = PeerAccess(join, identity_path, fetch_token, deny_list)
 
     def should_stop() -> StopReason | None:
         if stop_event.is_set():
@@ -253,7 +253,7 @@ def train(
 
     dht = opt = None
     roster_stop, roster_keeper = threading.Event(), None
-    with _AveragingWatcher() as watcher:
+    with AveragingWatcher() as watcher:
         try:
             try:
                 dht = hivemind.DHT(
@@ -306,7 +306,7 @@ def train(
                     dht,
                     join.run_id,
                     access.key.get_public_key().to_bytes(),
-                    robust.Roster(dht, join.run_id, access.experiment_key, join.username, deny_list),
+                    swarm_epoch.Roster(dht, join.run_id, access.experiment_key, join.username, deny_list),
                 )
             with _sigint_handler_kept():
                 opt = SwarmOptimizer(
@@ -315,7 +315,7 @@ def train(
                     # out of rounds; its own state is never shared): every other peer reads it through the roster.
                     roster=None
                     if server_witness is not None
-                    else robust.Roster(dht, join.run_id, access.experiment_key, join.username, deny_list),
+                    else swarm_epoch.Roster(dht, join.run_id, access.experiment_key, join.username, deny_list),
                     run_id=join.run_id,
                     params=list(task.parameter_groups(model)),
                     optimizer=optimizer_factory(cfg),
@@ -344,7 +344,7 @@ def train(
                 keeper(opt, task, model, should_stop)
                 return summary
             if auxiliary:
-                _assist(
+                assist_loop(
                     opt,
                     summary,
                     should_stop,
@@ -356,7 +356,7 @@ def train(
             if should_stop() is None:
                 opt.load_state_from_peers()  # a late joiner catches up with the swarm's weights and epoch
                 opt.refresh_swarm_progress()
-            _loop(
+            trainer_loop(
                 opt,
                 task,
                 model,

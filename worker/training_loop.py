@@ -1,8 +1,8 @@
 """The loops a peer runs once it is in the swarm, and the records they keep.
 
-:func:`_loop` trains: forward, backward and ``opt.step()`` on each batch, with a :class:`MetricReport` to the
+:func:`trainer_loop` trains: forward, backward and ``opt.step()`` on each batch, with a :class:`MetricReport` to the
 reporter and a :class:`Progress` to the console on every swarm epoch change and at least every ~2 s.
-:func:`_assist` is an auxiliary peer's loop: no gradients of its own, only the swarm's averaging rounds (and the
+:func:`assist_loop` is an auxiliary peer's loop: no gradients of its own, only the swarm's averaging rounds (and the
 server's witness records). Both run until ``should_stop`` gives a :class:`StopReason`, and fill the
 :class:`TrainingSummary` that :func:`swarmhub.worker.training.train` returns.
 """
@@ -85,7 +85,7 @@ class TrainingSummary:
     flags: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-class _AveragingWatcher(logging.Handler):
+class AveragingWatcher(logging.Handler):
     """Reads the group size of each gradient averaging round from hivemind.Optimizer's status log.
 
     hivemind has no public counter for it; its status line is the documented trace. With ``verbose=False``
@@ -107,7 +107,7 @@ class _AveragingWatcher(logging.Handler):
             self.last_group = int(match.group(1))
             self.rounds[self.last_group] += 1
 
-    def __enter__(self) -> _AveragingWatcher:
+    def __enter__(self) -> AveragingWatcher:
         self._saved_level = self._logger.level
         if not self._logger.isEnabledFor(logging.DEBUG):
             self._logger.setLevel(logging.DEBUG)
@@ -119,7 +119,7 @@ class _AveragingWatcher(logging.Handler):
         self._logger.setLevel(self._saved_level)
 
 
-def _assist(
+def assist_loop(
     opt: Any,
     summary: TrainingSummary,
     should_stop: Callable[[], StopReason | None],
@@ -206,14 +206,14 @@ def _join_one_round(
         pause(0.1)
 
 
-def _loop(
+def trainer_loop(
     opt: Any,
     task: Any,
     model: torch.nn.Module,
     batches: Any,
     device: torch.device,
     summary: TrainingSummary,
-    watcher: _AveragingWatcher,
+    watcher: AveragingWatcher,
     reporter: ReporterLike | None,
     on_progress: Callable[[Progress], None] | None,
     should_stop: Callable[[], StopReason | None],

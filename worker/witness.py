@@ -6,7 +6,7 @@ takes part in every gradient averaging round as a reducer (it computes no gradie
 reduces a slice of the vector, see ``load_balancing``), so its reducer receives a slice from every sender with
 the weight that sender claimed. When a round completes there, the reducer reports its senders (each with its
 weight as counted: capped, see ``aggregation.capped_weights``; a sender whose slice was not finite or incomplete is
-left out) through :data:`robust.POLICY`'s ``witness`` hook; :class:`Witness` collects these in the peer's main
+left out) through :data:`policy.POLICY`'s ``witness`` hook; :class:`Witness` collects these in the peer's main
 process and publishes the newest ones, with the peers it flagged, as a DHT record under
 ``{run_id}_witness``, signed by the server peer's own key (an owner subkey, as the roster's entries are). The
 server's monitor peer reads it and hands it to the ledger, which counts only these rounds as verified work.
@@ -20,7 +20,8 @@ import uuid
 from collections import deque
 from typing import Any
 
-from . import robust, swarm_access
+from . import peer_flags, swarm_access
+from .policy import POLICY
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def install() -> None:
     global _QUEUE
     if _QUEUE is None:
         _QUEUE = multiprocessing.get_context("fork").Queue(maxsize=10_000)
-    robust.POLICY.witness = _record_round
+    POLICY.witness = _record_round
 
 
 def make_recording_tracker_class() -> type:
@@ -111,7 +112,7 @@ class Witness:
 
     def swarm_epoch(self, tracker: Any) -> int:
         """The epoch completed rounds show: the lower median of the votes (each account's largest epoch) of the
-        volunteers this peer completed a gradient round with lately (``robust.partners``, less the distrusted).
+        volunteers this peer completed a gradient round with lately (``peer_flags.partners``, less the distrusted).
         An honest peer reaches an epoch by completing rounds, which this peer takes part in, while a peer that only
         publishes records never becomes a partner.
 
@@ -124,10 +125,10 @@ class Witness:
 
         if self.roster is None:
             return int(tracker.global_epoch)
-        gone = robust.distrusted()
+        gone = peer_flags.distrusted()
         names = {peer: name for peer, name in self.roster.usernames().items() if peer not in gone}
         entries = progress_entries(self._records(tracker), names)
-        partners = robust.partners()
+        partners = peer_flags.partners()
         # a client-mode partner's epoch is evidenced by its rounds as well as anyone's
         with_partners = [(name, epoch) for subkey, name, epoch, _ in entries if owner_peer_id(subkey) in partners]
         server = swarm_access.SERVER_PEER_USERNAME
@@ -165,9 +166,9 @@ class Witness:
                 {"id": round_id, "epoch": int(epoch), "time": at, "senders": [[p, float(w)] for p, w in senders]}
             )
             changed = True
-        for peer_id, reasons in robust.take_flags().items():
+        for peer_id, reasons in peer_flags.take_flags().items():
             for reason, count in reasons.items():
-                if reason in robust.LOCAL_REASONS:
+                if reason in peer_flags.LOCAL_REASONS:
                     continue
                 self.flags.append({"id": uuid.uuid4().hex, "peer_id": peer_id, "reason": reason, "count": count})
                 changed = True

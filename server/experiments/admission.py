@@ -22,7 +22,7 @@ from swarmhub.worker.protocol import ExperimentStatus, SwarmToken
 from ..errors import BadRequest, Conflict, TooManyRequests
 from ..models import Experiment, SwarmPeerKey, User, utcnow
 from .lifecycle import run_id
-from .membership import _check_may_join
+from .membership import check_may_join
 
 # hivemind's own peer identities are RSA-2048; a shorter key is within reach of factoring, and whoever factors a
 # volunteer's key can act as that peer with the token the server signed for it.
@@ -75,7 +75,7 @@ def swarm_token(
     only while the volunteer holds valid tokens for fewer keys than the experiment's ``max_peers_per_volunteer``
     (else 429, with Retry-After: when the first of them expires). Refused with the field named: a key that is not
     RSA of at least 2048 bits (400), a key another volunteer holds in this experiment (409)."""
-    _check_may_join(session, experiment, user)
+    check_may_join(session, experiment, user)
     if experiment.status != ExperimentStatus.running:
         raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
     key = peer_key(peer_public_key)

@@ -78,7 +78,7 @@ def can_manage(experiment: Experiment, user: User | None) -> bool:
     return user is not None and (user.id == experiment.owner_id or user.is_admin)
 
 
-def _by_slug(session: Session, slug: str) -> Experiment | None:
+def experiment_by_slug(session: Session, slug: str) -> Experiment | None:
     if "\x00" in slug:  # no slug has one, and PostgreSQL refuses one even in a query
         return None
     return session.scalar(select(Experiment).where(Experiment.slug == slug))
@@ -86,7 +86,7 @@ def _by_slug(session: Session, slug: str) -> Experiment | None:
 
 def get_visible(session: Session, slug: str, user: User | None) -> Experiment:
     """The experiment, or 404: drafts are invisible to everyone but their owner and admins."""
-    experiment = _by_slug(session, slug)
+    experiment = experiment_by_slug(session, slug)
     if experiment is None or not can_view(experiment, user):
         raise NotFound(f"no experiment {slug!r}")
     return experiment

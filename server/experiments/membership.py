@@ -14,13 +14,13 @@ from swarmhub.worker.protocol import ExperimentStatus
 from ..accounts import user_named
 from ..errors import Conflict, Forbidden, NotFound, Removed
 from ..models import Experiment, ExperimentBan, ExperimentMember, User, WorkerRun
-from .lifecycle import _by_slug, can_manage
+from .lifecycle import can_manage, experiment_by_slug
 from .schemas import JoinPolicy
 
 
 def check_joinable(session: Session, experiment: Experiment, user: User) -> None:
     """Raise unless ``user`` may join ``experiment`` now (removed, not invited or listed, not running)."""
-    _check_may_join(session, experiment, user)
+    check_may_join(session, experiment, user)
     if experiment.status != ExperimentStatus.running:
         raise Conflict(f"experiment {experiment.slug!r} is {experiment.status}: it is not accepting volunteers now")
 
@@ -93,7 +93,7 @@ def unban(session: Session, experiment: Experiment, username: str) -> None:
         )
 
 
-def _check_may_join(session: Session, experiment: Experiment, user: User) -> None:
+def check_may_join(session: Session, experiment: Experiment, user: User) -> None:
     if is_banned(session, experiment, user):
         raise Removed(f"you were removed from {experiment.slug!r} by its organizer")
     if can_manage(experiment, user) or experiment.join_policy == JoinPolicy.open:
@@ -113,7 +113,7 @@ def is_member(session: Session, experiment: Experiment, user: User) -> bool:
 
 def invited(session: Session, slug: str, code: str) -> Experiment:
     """The experiment the invite link is for, or 404 when the link is not (or no longer) its own."""
-    experiment = _by_slug(session, slug)
+    experiment = experiment_by_slug(session, slug)
     # Compared as bytes: compare_digest raises TypeError on str with non-ASCII characters.
     if experiment is None or not secrets.compare_digest(experiment.invite_code.encode(), code.encode()):
         raise NotFound("this invite link is not valid: ask the organizer for a new one")

@@ -1,10 +1,10 @@
 """Metric ingestion and what dashboards show: the write path (:mod:`.store`), the leaderboard (:mod:`.board`),
 and the summary and loss/throughput series (:mod:`.dashboard`). Their public names are reachable here, as
-``metrics.X``; ``metrics.utcnow`` is the package's clock (see :func:`.common.current_time`)."""
+``metrics.X``; ``metrics.clock.utcnow`` is the package's clock (see :func:`.common.current_time`)."""
 
 from __future__ import annotations
 
-from ..models import utcnow
+from . import clock as clock
 from .board import (
     CLAIM_SLACK,
     KEYS_ONLY_FROM,
@@ -52,5 +52,4 @@ __all__ = [
     "leaderboard_page",
     "series",
     "summary",
-    "utcnow",
 ]

@@ -18,7 +18,7 @@ from .. import contributions, milestones, volunteers
 from ..errors import BadRequest
 from ..models import Experiment
 from ..security import StoredText
-from .common import _RUNS, _TOTALS, _USERS, _VOLUNTEERS, _active_since, share_of
+from .common import RUNS_TABLE, TOTALS_TABLE, USERS_TABLE, VOLUNTEERS_TABLE, active_since, share_of
 
 # A claim is implausible when it is this far above what the swarm's signed records show.
 CLAIM_SLACK = 0.25  # claimed samples over verified + pending, beyond the reporting lag
@@ -131,7 +131,7 @@ def _page_statement(kind: str, with_flags: bool) -> Select[Any]:
     page's rows only their names and current rates (a rate is a worker's while it reports: the sum over the
     volunteer's runs seen since ``since``), and the experiment's totals beside every row. Built once per kind
     (its values are bound parameters), so a request does not build a statement."""
-    volunteer = _VOLUNTEERS.c
+    volunteer = VOLUNTEERS_TABLE.c
     experiment_id = bindparam("experiment_id", type_=Integer)
     limit, offset = bindparam("limit", type_=Integer), bindparam("offset", type_=Integer)
     names = _FLAG_COLUMNS if with_flags else _ENTRY_COLUMNS
@@ -149,7 +149,7 @@ def _page_statement(kind: str, with_flags: bool) -> Select[Any]:
         )
         columns: list[Any] = [volunteer[name] for name in names]
         source: Any = page.join(
-            _VOLUNTEERS, and_(volunteer.experiment_id == experiment_id, volunteer.user_id == page.c.user_id)
+            VOLUNTEERS_TABLE, and_(volunteer.experiment_id == experiment_id, volunteer.user_id == page.c.user_id)
         )
     else:
         rows = [volunteer[name] for name in names]
@@ -175,14 +175,14 @@ def _page_statement(kind: str, with_flags: bool) -> Select[Any]:
         source = page
     # as text, decoded through a cache: a board holds a few distinct sets of classes, not one per row
     columns = [cast_(c, Text).label(c.name) if c.name == "device_classes" else c for c in columns]
-    run, totals = _RUNS.c, _TOTALS.c
+    run, totals = RUNS_TABLE.c, TOTALS_TABLE.c
     rate = select(func.sum(run.samples_per_second)).where(
         run.experiment_id == experiment_id, run.user_id == page.c.user_id, run.last_seen_at >= bindparam("since")
     )
     # scalar subqueries: a value (or null) even before the experiment has totals
     columns += [
-        _USERS.c.username,
-        _USERS.c.profile_hidden,
+        USERS_TABLE.c.username,
+        USERS_TABLE.c.profile_hidden,
         rate.scalar_subquery().label("rate"),
         select(totals.verified_samples)
         .where(totals.experiment_id == experiment_id)
@@ -193,7 +193,10 @@ def _page_statement(kind: str, with_flags: bool) -> Select[Any]:
         peaks = select(cast_(totals.signed_peaks, Text)).where(totals.experiment_id == experiment_id)
         columns.append(peaks.scalar_subquery().label("signed_peaks"))
     return (
-        select(*columns).select_from(source).join(_USERS, _USERS.c.id == page.c.user_id).order_by(*_rank_order(page.c))
+        select(*columns)
+        .select_from(source)
+        .join(USERS_TABLE, USERS_TABLE.c.id == page.c.user_id)
+        .order_by(*_rank_order(page.c))
     )
 
 
@@ -230,7 +233,7 @@ def leaderboard_page(
     claims. Reads the running totals (``VolunteerTotal``) through their ranking index, in one statement: the
     cost is the page's, not the number of volunteers or reports, when the page starts ``after`` a cursor; an
     ``offset`` walks the index (the index alone) up to the page. The page's cursor leads to the next page."""
-    since = _active_since(window_seconds)
+    since = active_since(window_seconds)
     params: dict[str, Any] = {"experiment_id": experiment.id, "since": since, "limit": limit + 1}
     if after is not None:
         kind = "after"
@@ -284,15 +287,15 @@ def device_classes_of(text: str | None) -> tuple[str, ...]:
 # The fastest signed rates here, through ix_volunteer_totals_signed_peak
 _FASTEST = (
     select(
-        _VOLUNTEERS.c.peak_signed_samples_per_second,
-        _VOLUNTEERS.c.user_id,
-        cast_(_VOLUNTEERS.c.device_classes, Text),
+        VOLUNTEERS_TABLE.c.peak_signed_samples_per_second,
+        VOLUNTEERS_TABLE.c.user_id,
+        cast_(VOLUNTEERS_TABLE.c.device_classes, Text),
     )
     .where(
-        _VOLUNTEERS.c.experiment_id == bindparam("experiment_id", type_=Integer),
-        _VOLUNTEERS.c.peak_signed_samples_per_second > 0,
+        VOLUNTEERS_TABLE.c.experiment_id == bindparam("experiment_id", type_=Integer),
+        VOLUNTEERS_TABLE.c.peak_signed_samples_per_second > 0,
     )
-    .order_by(_VOLUNTEERS.c.peak_signed_samples_per_second.desc())
+    .order_by(VOLUNTEERS_TABLE.c.peak_signed_samples_per_second.desc())
     .limit(bindparam("scan", type_=Integer))
 )
 

@@ -10,25 +10,23 @@ from sqlalchemy import Table, any_, bindparam
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from ..models import ExperimentTotal, MetricBucket, MetricPoint, User, VolunteerTotal, WorkerRun
+from . import clock
 
 # The series' resolutions in seconds, finest first: 300 buckets show 50 minutes, or 25 hours.
 BUCKET_WIDTHS = (10, 300)
 
 # Core tables for the batch's statements: plain rows and bound parameters, no ORM bookkeeping per row
-_POINTS = cast(Table, MetricPoint.__table__)
-_BUCKETS = cast(Table, MetricBucket.__table__)
-_RUNS = cast(Table, WorkerRun.__table__)
-_VOLUNTEERS = cast(Table, VolunteerTotal.__table__)
-_TOTALS = cast(Table, ExperimentTotal.__table__)
-_USERS = cast(Table, User.__table__)
+POINTS_TABLE = cast(Table, MetricPoint.__table__)
+BUCKETS_TABLE = cast(Table, MetricBucket.__table__)
+RUNS_TABLE = cast(Table, WorkerRun.__table__)
+VOLUNTEERS_TABLE = cast(Table, VolunteerTotal.__table__)
+TOTALS_TABLE = cast(Table, ExperimentTotal.__table__)
+USERS_TABLE = cast(Table, User.__table__)
 
 
 def current_time() -> datetime:
-    """The server clock: ``utcnow`` as the package holds it at the call, so that setting ``metrics.utcnow`` (as
-    tests and benchmarks do) moves the clock of every module of the package."""
-    from .. import metrics  # the package, which imports this module
-
-    return metrics.utcnow()
+    """The server clock: ``clock.utcnow`` at the call (tests and benchmarks set it)."""
+    return clock.utcnow()
 
 
 def share_of(part: int, total: int | None) -> float:
@@ -44,7 +42,7 @@ def among(column: Any, values: Any, dialect: str) -> Any:
     return column.in_(values)
 
 
-def _active_since(window_seconds: int) -> datetime:
+def active_since(window_seconds: int) -> datetime:
     return current_time() - timedelta(seconds=window_seconds)
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import BigInteger, Integer, Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from ..models import Experiment
-from .common import _BUCKETS, _RUNS, _TOTALS, BUCKET_WIDTHS, _active_since, current_time
+from .common import BUCKET_WIDTHS, BUCKETS_TABLE, RUNS_TABLE, TOTALS_TABLE, active_since, current_time
 
 SERIES_POINTS = 300  # at most this many buckets per series
 
@@ -58,7 +58,7 @@ class MetricsPublic(BaseModel):
 
 
 def _summary_statement() -> Select[Any]:
-    run, totals = _RUNS.c, _TOTALS.c
+    run, totals = RUNS_TABLE.c, TOTALS_TABLE.c
     experiment_id = bindparam("experiment_id", type_=Integer)
     active = (
         select(
@@ -72,7 +72,7 @@ def _summary_statement() -> Select[Any]:
     )
     # the active runs' sums (one row), and the experiment's totals beside them where there are any yet
     return select(active, totals.claimed_samples, totals.verified_samples, totals.worker_epoch).select_from(
-        active.outerjoin(_TOTALS, totals.experiment_id == experiment_id)
+        active.outerjoin(TOTALS_TABLE, totals.experiment_id == experiment_id)
     )
 
 
@@ -82,7 +82,7 @@ _SUMMARY = _summary_statement()
 def summary(session: Session, experiment: Experiment, window_seconds: int, swarm_peers: int | None = None) -> Summary:
     """The experiment's running totals, and the workers that reported within the window (an index range), in
     one statement."""
-    row = session.execute(_SUMMARY, {"experiment_id": experiment.id, "since": _active_since(window_seconds)}).one()
+    row = session.execute(_SUMMARY, {"experiment_id": experiment.id, "since": active_since(window_seconds)}).one()
     return Summary(
         status=experiment.status,
         active_peers=int(row.active),
@@ -96,7 +96,7 @@ def summary(session: Session, experiment: Experiment, window_seconds: int, swarm
 
 
 def _series_statements() -> tuple[Select[Any], Select[Any]]:
-    bucket = _BUCKETS.c
+    bucket = BUCKETS_TABLE.c
     experiment_id = bindparam("experiment_id", type_=Integer)
     # each resolution's first and last bucket: four index probes of the primary key, in one statement
     span = select(

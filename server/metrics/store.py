@@ -30,7 +30,17 @@ from sqlalchemy.orm import Session
 from swarmhub.worker.protocol import MetricReport
 
 from ..models import ExperimentTotal, MetricBucket, User, VolunteerTotal, WorkerRun
-from .common import _BUCKETS, _POINTS, _RUNS, _TOTALS, _VOLUNTEERS, BUCKET_WIDTHS, among, current_time, device_class
+from .common import (
+    BUCKET_WIDTHS,
+    BUCKETS_TABLE,
+    POINTS_TABLE,
+    RUNS_TABLE,
+    TOTALS_TABLE,
+    VOLUNTEERS_TABLE,
+    among,
+    current_time,
+    device_class,
+)
 
 _RUN_COLUMNS = ("last_seen_at", "last_stored_at", "samples", "epoch", "loss", "samples_per_second", "last_seq")
 _VOLUNTEER_COLUMNS = ("claimed_samples", "peak_claimed_samples_per_second", "device_classes", "last_report_at")
@@ -47,10 +57,10 @@ def _update_by_key(table: Table, keys: tuple[str, ...], columns: tuple[str, ...]
     )
 
 
-_UPDATE_RUNS = _update_by_key(_RUNS, ("id",), _RUN_COLUMNS)
-_UPDATE_VOLUNTEERS = _update_by_key(_VOLUNTEERS, ("experiment_id", "user_id"), _VOLUNTEER_COLUMNS)
-_UPDATE_TOTALS = _update_by_key(_TOTALS, ("experiment_id",), _TOTAL_COLUMNS[:2])
-_UPDATE_PEAKS = _update_by_key(_TOTALS, ("experiment_id",), _TOTAL_COLUMNS[2:])
+_UPDATE_RUNS = _update_by_key(RUNS_TABLE, ("id",), _RUN_COLUMNS)
+_UPDATE_VOLUNTEERS = _update_by_key(VOLUNTEERS_TABLE, ("experiment_id", "user_id"), _VOLUNTEER_COLUMNS)
+_UPDATE_TOTALS = _update_by_key(TOTALS_TABLE, ("experiment_id",), _TOTAL_COLUMNS[:2])
+_UPDATE_PEAKS = _update_by_key(TOTALS_TABLE, ("experiment_id",), _TOTAL_COLUMNS[2:])
 
 
 class _Run:
@@ -126,12 +136,12 @@ def _update_from_arrays(table: Table, key: str, columns: tuple[str, ...]) -> Any
     return text(f"UPDATE {table.name} SET {assignments} FROM {rows} WHERE {table.name}.{key} = v.{key}")  # noqa: S608
 
 
-_UPDATE_RUNS_FROM_ARRAYS = _update_from_arrays(_RUNS, "id", _RUN_COLUMNS)
+_UPDATE_RUNS_FROM_ARRAYS = _update_from_arrays(RUNS_TABLE, "id", _RUN_COLUMNS)
 
 
 def _insert_points(insert: Any, returning: bool) -> Any:
-    stmt = insert(_POINTS).on_conflict_do_nothing(index_elements=["worker_run_id", "seq"])
-    return stmt.returning(_POINTS.c.worker_run_id, _POINTS.c.seq) if returning else stmt
+    stmt = insert(POINTS_TABLE).on_conflict_do_nothing(index_elements=["worker_run_id", "seq"])
+    return stmt.returning(POINTS_TABLE.c.worker_run_id, POINTS_TABLE.c.seq) if returning else stmt
 
 
 _POINT_COLUMNS = (
@@ -147,7 +157,7 @@ _POINT_COLUMNS = (
     "peers",
     "averaged_peers",
 )
-_COPY_POINTS = f"COPY {_POINTS.name} ({', '.join(_POINT_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+_COPY_POINTS = f"COPY {POINTS_TABLE.name} ({', '.join(_POINT_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 
 
 def _binary_copy_type(column: Any) -> str:
@@ -161,7 +171,7 @@ def _binary_copy_type(column: Any) -> str:
     raise TypeError(f"no binary COPY type for {column}")
 
 
-_COPY_TYPES = [_binary_copy_type(_POINTS.c[column]) for column in _POINT_COLUMNS]
+_COPY_TYPES = [_binary_copy_type(POINTS_TABLE.c[column]) for column in _POINT_COLUMNS]
 
 
 def _copy_points(session: Session, points: list[dict[str, Any]]) -> None:
@@ -182,13 +192,13 @@ def _lock_totals(session: Session, experiment_id: int, insert: Any) -> _Totals:
     # As contributions.experiment_totals, without an ORM object: everything that changes totals takes this
     # lock first, so updates of one experiment's totals never interleave.
     stmt = (
-        select(_TOTALS.c.experiment_id, *(_TOTALS.c[column] for column in _TOTAL_COLUMNS))
-        .where(_TOTALS.c.experiment_id == experiment_id)
+        select(TOTALS_TABLE.c.experiment_id, *(TOTALS_TABLE.c[column] for column in _TOTAL_COLUMNS))
+        .where(TOTALS_TABLE.c.experiment_id == experiment_id)
         .with_for_update()
     )
     row = session.execute(stmt).one_or_none()
     if row is None:
-        session.execute(insert(_TOTALS).values(experiment_id=experiment_id).on_conflict_do_nothing())
+        session.execute(insert(TOTALS_TABLE).values(experiment_id=experiment_id).on_conflict_do_nothing())
         row = session.execute(stmt).one()
     return _Totals(row)
 
@@ -219,13 +229,19 @@ def ingest_many(
     # wait on each other crosswise; the runs are read under those locks.
     if experiment_ids is None:
         experiment_ids = set(
-            session.scalars(select(_RUNS.c.experiment_id).where(among(_RUNS.c.id, run_ids, dialect)).distinct())
+            session.scalars(
+                select(RUNS_TABLE.c.experiment_id).where(among(RUNS_TABLE.c.id, run_ids, dialect)).distinct()
+            )
         )
     totals = {eid: _lock_totals(session, eid, insert) for eid in sorted(experiment_ids)}
     run_rows = session.execute(
         select(
-            _RUNS.c.id, _RUNS.c.experiment_id, _RUNS.c.user_id, _RUNS.c.device, *(_RUNS.c[c] for c in _RUN_COLUMNS)
-        ).where(among(_RUNS.c.id, run_ids, dialect))
+            RUNS_TABLE.c.id,
+            RUNS_TABLE.c.experiment_id,
+            RUNS_TABLE.c.user_id,
+            RUNS_TABLE.c.device,
+            *(RUNS_TABLE.c[c] for c in _RUN_COLUMNS),
+        ).where(among(RUNS_TABLE.c.id, run_ids, dialect))
     )
     runs = {row.id: _Run(row) for row in run_rows}
     if len(runs) < len(run_ids):  # removed meanwhile (its experiment was deleted)
@@ -235,10 +251,10 @@ def ingest_many(
         users = {run.user_id for run in runs.values() if run.experiment_id == eid}
         found = session.execute(
             select(
-                _VOLUNTEERS.c.user_id,
-                _VOLUNTEERS.c.peak_signed_samples_per_second,
-                *(_VOLUNTEERS.c[c] for c in _VOLUNTEER_COLUMNS),
-            ).where(_VOLUNTEERS.c.experiment_id == eid, among(_VOLUNTEERS.c.user_id, users, dialect))
+                VOLUNTEERS_TABLE.c.user_id,
+                VOLUNTEERS_TABLE.c.peak_signed_samples_per_second,
+                *(VOLUNTEERS_TABLE.c[c] for c in _VOLUNTEER_COLUMNS),
+            ).where(VOLUNTEERS_TABLE.c.experiment_id == eid, among(VOLUNTEERS_TABLE.c.user_id, users, dialect))
         )
         for row in found:
             volunteers[eid, row.user_id] = _Volunteer(row.user_id, row)
@@ -320,7 +336,7 @@ def ingest_many(
         names = dict(
             session.execute(select(User.id, User.username).where(User.id.in_({r["user_id"] for r in added}))).all()
         )
-        session.execute(insert(_VOLUNTEERS), [{**r, "sort_name": names[r["user_id"]].lower()} for r in added])
+        session.execute(insert(VOLUNTEERS_TABLE), [{**r, "sort_name": names[r["user_id"]].lower()} for r in added])
     changed = [
         {"k_experiment_id": eid, "k_user_id": v.user_id, **{f"v_{c}": getattr(v, c) for c in _VOLUNTEER_COLUMNS}}
         for (eid, _), v in volunteers.items()
@@ -375,7 +391,7 @@ class _Buckets:
             }
             for (experiment_id, width, start), (loss_sum, reports, samples, peers) in sorted(self.sums.items())
         ]
-        stmt = insert(_BUCKETS)
+        stmt = insert(BUCKETS_TABLE)
         stmt = stmt.on_conflict_do_update(
             index_elements=["experiment_id", "width", "bucket_start"],
             set_={

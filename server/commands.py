@@ -1,5 +1,7 @@
-"""``swarmhub server``, ``admin`` and ``demo``: thin wrappers around ``swarmhub.server.cli`` (the ``[server]``
-extra), imported only when one of them runs, so that a volunteer's worker needs no web stack."""
+"""``swarmhub server``, ``admin`` and ``demo``: the server's commands of the ``swarmhub`` command line, registered
+through the entry-point group ``swarmhub.commands`` (the worker's CLI never imports the server). Only click here:
+``swarmhub.server.cli`` and its web stack (the ``[server]`` extra) are imported when one of them runs, so that a
+volunteer's worker needs no web stack."""
 
 from __future__ import annotations
 
@@ -7,14 +9,12 @@ from typing import Any
 
 import click
 
-from .client import ExitCode
-
-SERVER_EXTRA_HINT = "The server needs the server extra: pip install 'swarmhub[server]'"
+from swarmhub.worker.errors import SERVER_EXTRA_HINT, ExitCode
 
 
 def _server_cli() -> Any:
     try:
-        from ..server import cli as server_cli
+        from . import cli as server_cli
     except ImportError as exc:
         # A module of ours that fails to import is a bug; a missing server package or web stack is the extra.
         if exc.name and exc.name.startswith("swarmhub") and exc.name not in ("swarmhub.server", "swarmhub.server.cli"):
