@@ -74,7 +74,8 @@ class Workers:
         identity = self.tmp / f"{name}.key"
         join = make_join(self.swarm, worker_id=f"worker-{name}", identity=identity)
         overlap = opts.pop("overlap", self.overlap)
-        join.experiment = join.experiment.model_copy(update={"overlap": overlap})
+        update = {"overlap": overlap, **opts.pop("experiment", {})}
+        join.experiment = join.experiment.model_copy(update=update)
         args = json.dumps({"join": join.model_dump_json(), "identity": str(identity), **opts})
         stderr = open(self.tmp / f"{name}.err", "w")  # noqa: SIM115
         self.procs[name] = subprocess.Popen(
@@ -162,10 +163,16 @@ def test_a_peer_averaging_in_the_background_trains_together_with_one_that_does_n
     """overlap "auto" lets each peer choose: a swarm holds peers of both choices, and they average together."""
     workers = Workers(swarm_peer, tmp_path)
     chosen = {"a": Overlap.none, "b": Overlap.delayed_averaging}
+    # A target batch that one peer alone takes over a second to fill. At the suite's 128 (4 steps of one peer,
+    # milliseconds) the peer that started first, by half a second on a busy machine, ended its first epoch alone,
+    # and the two leapfrogged for good: the other found itself out of sync after each of its epoch changes, and
+    # hivemind publishes no progress record for an out-of-sync peer, so each believed itself alone at its epoch's
+    # end and neither averaged in 10 epochs. Real experiments' epochs are far longer than such a head start.
+    experiment = {"target_batch_size": 16384}
     try:
         gate = tmp_path / "go"  # both in the swarm before either trains
         for name, overlap in chosen.items():
-            workers.start(name, steps=40, overlap=overlap, gate=str(gate))
+            workers.start(name, steps=2000, overlap=overlap, gate=str(gate), experiment=experiment)
         for name in chosen:
             workers.wait_for(name, lambda e: e["event"] == "joined", timeout=120)
         gate.touch()
