@@ -41,7 +41,7 @@ from pydantic import SecretStr
 from .. import __version__
 from . import service_cli
 from .client import USER_AGENT, ApiClient, ExitCode, WorkerError
-from .commands import CommandGroup, authed_client, worker_settings
+from .commands import CommandGroup, authed_client, registered_commands, worker_settings
 from .credentials import (
     StoredCredentials,
     delete_credentials,
@@ -49,7 +49,6 @@ from .credentials import (
     resolve_credentials,
     store_credentials,
 )
-from .errors import SERVER_EXTRA_HINT
 from .joining import join_and_train
 from .limits import ServiceConfig
 from .login import device_flow
@@ -365,39 +364,7 @@ main.add_command(service_cli.run_service)
 main.add_command(upgrade)
 
 
-# -- commands other parts of swarmhub register: the server's (server, admin, demo) -----------------------------
-
-COMMANDS_GROUP = "swarmhub.commands"
-
-
-def _needs_the_server_extra(name: str) -> click.Command:
-    """``name`` where the package that registers it cannot be imported (a worker without the server's package)."""
-
-    @click.command(name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-    def command() -> None:
-        click.echo(SERVER_EXTRA_HINT, err=True)
-        raise click.exceptions.Exit(ExitCode.ERROR)
-
-    command.help = "Needs the [server] extra."
-    return command
-
-
-def _registered_commands() -> list[click.Command]:
-    from importlib.metadata import entry_points
-
-    commands = []
-    for point in sorted(entry_points(group=COMMANDS_GROUP), key=lambda p: p.name):
-        try:
-            commands.append(point.load())
-        except ImportError as exc:
-            # a module of ours that fails to import is a bug; the registering package missing is the extra
-            if not (exc.name and (exc.name == point.module or point.module.startswith(exc.name + "."))):
-                raise
-            commands.append(_needs_the_server_extra(point.name))
-    return commands
-
-
-for _command in _registered_commands():
+for _command in registered_commands():
     main.add_command(_command)
 
 

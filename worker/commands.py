@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from .client import USER_AGENT, ApiClient, ExitCode, WorkerError, not_logged_in
 from .credentials import resolve_credentials
+from .errors import SERVER_EXTRA_HINT
 from .settings import WorkerSettings
 from .transport import require_encryption
 
@@ -59,3 +60,35 @@ def authed_client(settings: WorkerSettings, insecure: bool) -> tuple[ApiClient, 
         )
     token = creds.token.get_secret_value()
     return ApiClient(require_encryption(creds.server, insecure), token, user_agent=USER_AGENT), token
+
+
+COMMANDS_GROUP = "swarmhub.commands"
+
+
+def _needs_the_server_extra(name: str) -> click.Command:
+    """``name`` where the package that registers it cannot be imported (a worker without the server's package)."""
+
+    @click.command(name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    def command() -> None:
+        click.echo(SERVER_EXTRA_HINT, err=True)
+        raise click.exceptions.Exit(ExitCode.ERROR)
+
+    command.help = "Needs the [server] extra."
+    return command
+
+
+def registered_commands() -> list[click.Command]:
+    """The commands other parts of swarmhub register in the ``swarmhub.commands`` entry-point group: the server's
+    ``server``, ``admin`` and ``demo`` (the worker never imports the server)."""
+    from importlib.metadata import entry_points
+
+    commands = []
+    for point in sorted(entry_points(group=COMMANDS_GROUP), key=lambda p: p.name):
+        try:
+            commands.append(point.load())
+        except ImportError as exc:
+            # a module of ours that fails to import is a bug; the registering package missing is the extra
+            if not (exc.name and (exc.name == point.module or point.module.startswith(exc.name + "."))):
+                raise
+            commands.append(_needs_the_server_extra(point.name))
+    return commands
