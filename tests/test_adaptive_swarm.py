@@ -172,7 +172,7 @@ def test_a_peer_averaging_in_the_background_trains_together_with_one_that_does_n
     try:
         gate = tmp_path / "go"  # both in the swarm before either trains
         for name, overlap in chosen.items():
-            workers.start(name, steps=2000, overlap=overlap, gate=str(gate), experiment=experiment)
+            workers.start(name, steps=4000, overlap=overlap, gate=str(gate), experiment=experiment)
         for name in chosen:
             workers.wait_for(name, lambda e: e["event"] == "joined", timeout=120)
         gate.touch()
