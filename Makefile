@@ -22,10 +22,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	@$(BIN)/python -m pip install -qq -e ".[dev]"
 	@touch $@
 
-# The worker wheel the hub serves volunteers (server/worker_package.py), built once per version of the sources here
+# The worker wheel the hub serves volunteers (server/http/worker_package.py), built once per version of the sources here
 # rather than by the first server that starts.
 setup-python: $(VENV)/.installed
-	@$(BIN)/python -m swarmhub.server.worker_package
+	@$(BIN)/python -m swarmhub.server.http.worker_package
 
 web/node_modules/.package-lock.json: web/package.json web/package-lock.json
 	npm ci --prefix web --no-audit --no-fund --loglevel=error
@@ -71,8 +71,9 @@ check: setup
 	$(BIN)/ruff format --check swarmhub server worker tests migrations bench
 	rm -rf build/typecheck && mkdir -p build/typecheck/swarmhub
 	cp swarmhub/__init__.py build/typecheck/swarmhub/
+	ln -s "$(CURDIR)/swarmhub/common" build/typecheck/swarmhub/common
 	for d in server worker web migrations; do ln -s "$(CURDIR)/$$d" build/typecheck/swarmhub/$$d; done
-	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p swarmhub.server -p swarmhub.worker
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p swarmhub.common -p swarmhub.server -p swarmhub.worker
 	$(BIN)/mypy --config-file pyproject.toml bench/*.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 

@@ -156,7 +156,7 @@ class Harness:
         self, names: Sequence[str], timeout: float = 60, run_ids: Sequence[str | None] | None = None
     ) -> list[SwarmPeer]:
         """Several swarm peers (one run each), started at the same time."""
-        from swarmhub.worker import swarm_access
+        from swarmhub.worker.swarm import access as swarm_access
 
         started = []
         for name, run_id in zip(names, run_ids or [None] * len(names), strict=True):
@@ -319,7 +319,7 @@ def bare_loop_config(experiment: dict[str, Any]) -> dict[str, Any]:
 def join_json(peer: SwarmPeer, worker_id: str, identity: Path, experiment: dict[str, Any]) -> str:
     """What the server's join answers (as JSON) for the key at ``identity``, for an experiment as
     :func:`experiment_config` describes it: the tests' ``make_join`` (tests/swarm_processes.py)."""
-    from swarmhub.worker.protocol import ExperimentConfig
+    from swarmhub.common.protocol import ExperimentConfig
 
     config = ExperimentConfig(slug="bench-digits", title="Benchmark digits", **experiment)
     return make_join(peer, worker_id, identity, config, username="bench").model_dump_json()
@@ -570,7 +570,7 @@ def bare_rate(
     target batch with, so that epochs last as long on any machine."""
     import torch
 
-    from swarmhub.worker.training import resolve_precision
+    from swarmhub.worker.training.peer import resolve_precision
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

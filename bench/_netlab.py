@@ -15,7 +15,7 @@ prints JSON lines on stdout:
 
 - ``probe-server HOST PORT``: the server's real pre-flight routes (``swarmhub.server.routes.probe``: bandwidth
   probes and the reachability dial-back), served by uvicorn until SIGTERM; the login they require is waived;
-- ``worker CONFIG``: ``swarmhub.worker.training.train`` on one thread with the given client_mode, auxiliary,
+- ``worker CONFIG``: ``swarmhub.worker.training.peer.train`` on one thread with the given client_mode, auxiliary,
   bandwidth and listen address, or, with ``preflight_url``, with what ``swarmhub join`` decides before it trains,
   by swarmhub's own functions: ``doctor.check_reachability`` (the server dials the peer back: client mode if it
   cannot) then ``doctor.measure_bandwidth`` (not in client mode). It waits for the file ``ready`` (the swarm peer
@@ -223,8 +223,8 @@ def run_probe_server(host: str, port: int) -> None:
     import uvicorn
     from fastapi import FastAPI
 
-    from swarmhub.server import deps
-    from swarmhub.server.ratelimit import LIMITS, RateLimiter
+    from swarmhub.server.http import deps
+    from swarmhub.server.http.ratelimit import LIMITS, RateLimiter
     from swarmhub.server.routes import probe
 
     app = FastAPI()
@@ -247,10 +247,10 @@ def run_probe_server(host: str, port: int) -> None:
 
 
 def preflight(url: str, listen: str) -> dict[str, Any]:
-    """What ``swarmhub join`` does before training (worker/joining.py): can the server dial this peer back (if not,
+    """What ``swarmhub join`` does before training (worker/join/prepare.py): can the server dial this peer back (if not,
     client mode), then this peer's bandwidth for hivemind's load balancing (not measured in client mode)."""
-    from swarmhub.worker import doctor
     from swarmhub.worker.client import ApiClient
+    from swarmhub.worker.join import doctor
 
     with ApiClient(url, "bench") as client:
         reach, probed = doctor.check_reachability(client, [listen])
@@ -316,8 +316,8 @@ def trace_hivemind() -> None:
 def run_worker(cfg: dict[str, Any]) -> None:
     from _worker import watch_stdin  # imports torch and sets one thread
 
-    from swarmhub.worker import training
-    from swarmhub.worker.protocol import JoinResponse
+    from swarmhub.common.protocol import JoinResponse
+    from swarmhub.worker.training import peer as training
 
     trace_hivemind()
     stop = threading.Event()
@@ -395,13 +395,13 @@ def run_allreduce(cfg: dict[str, Any]) -> None:
     trace_hivemind()
     extra = {}
     if cfg["swarmhub_split"]:  # as train() does: the split with a floor, cut where each share ends
-        from swarmhub.worker import load_balancing
+        from swarmhub.worker.swarm import load_balancing
 
         load_balancing.install()
     if cfg.get("as_trainer"):  # swarmhub's guarded all-reduce and hivemind.Optimizer's chunk timeouts, as train()
         import hivemind.averaging.averager as averager_module
 
-        from swarmhub.worker import robust
+        from swarmhub.worker.swarm import robust
 
         averager_module.AllReduceRunner = robust.make_runner_class()
         extra["next_chunk_timeout"] = cfg["matchmaking_time"]

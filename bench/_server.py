@@ -34,7 +34,7 @@ import _common as c
 import httpx
 import psutil
 
-SWARMHUB_CLI = [sys.executable, "-m", "swarmhub.worker.cli"]
+SWARMHUB_CLI = [sys.executable, "-m", "swarmhub.worker.cli.main"]
 LOCK = "/tmp/swarmhub-bench-running"  # noqa: S108 - the machine-wide "a benchmark is being measured" flag
 POSTGRES_ADMIN = os.environ.get("SWARMHUB_BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432")
 REDIS_URL = os.environ.get("SWARMHUB_BENCH_REDIS", "redis://127.0.0.1:6379/0")
@@ -217,8 +217,9 @@ class BareServer:
 def volunteers(database_url: str, slug: str, workers: int, per_user: int = 10) -> list[tuple[str, str]]:
     """``workers`` worker runs of ``slug`` (``per_user`` per volunteer, each volunteer with an API token), made
     with the server's service functions; returns (worker_id, token) pairs."""
-    from swarmhub.server import accounts, experiments
-    from swarmhub.server.db import make_engine, make_sessionmaker
+    from swarmhub.server import experiments
+    from swarmhub.server.accounts import users as accounts
+    from swarmhub.server.core.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     made: list[tuple[str, str]] = []
@@ -242,10 +243,10 @@ def seed_history(database_url: str, slug: str, workers: int = 8, seconds: int = 
     resolution, full) and leaderboard have their production size, in whatever ``ingest`` maintains."""
     from datetime import timedelta
 
+    from swarmhub.common.protocol import MetricReport
     from swarmhub.server import metrics
-    from swarmhub.server.db import make_engine, make_sessionmaker
+    from swarmhub.server.core.db import make_engine, make_sessionmaker
     from swarmhub.server.models import WorkerRun
-    from swarmhub.worker.protocol import MetricReport
 
     runs = volunteers(database_url, slug, workers, per_user=1)
     engine = make_engine(database_url)
@@ -269,7 +270,7 @@ def stored_reports(database_url: str, slug: str) -> int:
     """Metric reports stored for ``slug`` (rows in the database)."""
     import sqlalchemy as sa
 
-    from swarmhub.server.db import make_engine
+    from swarmhub.server.core.db import make_engine
     from swarmhub.server.models import Experiment, MetricPoint
 
     engine = make_engine(database_url)

@@ -6,7 +6,7 @@ prints JSON lines on stdout (``{"event": "progress", "t": unix time, "samples": 
 
 Modes:
 
-- ``swarmhub``: ``swarmhub.worker.training.train`` with a JoinResponse (``config["join"]``), as a volunteer's
+- ``swarmhub``: ``swarmhub.worker.training.peer.train`` with a JoinResponse (``config["join"]``), as a volunteer's
   worker trains; progress comes from train's ``on_progress``. With ``evaluate``, the model's loss on the whole
   digits data is measured at each epoch change (the model is caught through ``training.load_task``). With
   ``"epoch_guard": false`` (here and in ``server`` mode) the training loop runs without its minimum epoch length
@@ -103,7 +103,7 @@ def without_epoch_guard(cfg: dict[str, Any]) -> None:
     """With ``"epoch_guard": false`` (``bench/epoch_guard.py``): the training loop without its minimum epoch length."""
     if cfg.get("epoch_guard") is not False:
         return
-    from swarmhub.worker import training
+    from swarmhub.worker.training import peer as training
 
     loop = training.trainer_loop
 
@@ -135,9 +135,9 @@ def slowed(batches: Any, factor: float) -> Any:
 
 
 def run_swarmhub(cfg: dict[str, Any]) -> None:
-    from swarmhub.worker import training
-    from swarmhub.worker.data import LocalCorpus
-    from swarmhub.worker.protocol import JoinResponse
+    from swarmhub.common.protocol import JoinResponse
+    from swarmhub.worker.tasks.data import LocalCorpus
+    from swarmhub.worker.training import peer as training
 
     join = JoinResponse.model_validate_json(cfg["join"])
     seed = cfg.get("seed")
@@ -395,9 +395,9 @@ def run_single_task(cfg: dict[str, Any]) -> None:
     samples per step; the task's held-out loss after each step."""
     from hivemind.optim.state_averager import initialize_optimizer_state_
 
-    from swarmhub.worker import training
-    from swarmhub.worker.data import LocalCorpus
-    from swarmhub.worker.protocol import TrainingSettings
+    from swarmhub.common.protocol import TrainingSettings
+    from swarmhub.worker.tasks.data import LocalCorpus
+    from swarmhub.worker.training import peer as training
 
     watch_stdin()
     torch.set_num_threads(cfg.get("threads", 1))
@@ -437,11 +437,11 @@ def run_single_task(cfg: dict[str, Any]) -> None:
 def run_server(cfg: dict[str, Any]) -> None:
     """What ``swarmhub join SLUG`` runs, with the reporter's messages also printed (with their time) here."""
     from swarmhub import __version__
-    from swarmhub.worker import swarm_access
+    from swarmhub.common.protocol import JoinRequest, MetricReport, SwarmToken
     from swarmhub.worker.client import USER_AGENT, ApiClient
-    from swarmhub.worker.protocol import JoinRequest, MetricReport, SwarmToken
-    from swarmhub.worker.reporter import Reporter
-    from swarmhub.worker.session import run_session
+    from swarmhub.worker.join.reporter import Reporter
+    from swarmhub.worker.join.session import run_session
+    from swarmhub.worker.swarm import access as swarm_access
 
     without_epoch_guard(cfg)
     url, token, slug = cfg["url"], cfg["token"], cfg["slug"]
@@ -486,7 +486,7 @@ def run_server(cfg: dict[str, Any]) -> None:
     # run_session stops on SIGTERM, as `swarmhub join` does: closing our stdin sends us one
     watch_stdin(lambda: os.kill(os.getpid(), signal.SIGTERM))
     try:  # join keeps every report on disk until the server acknowledges it (newer workers)
-        from swarmhub.worker.spool import Spool
+        from swarmhub.worker.join.spool import Spool
 
         extra: dict[str, Any] = {"spool": Spool(state / "spool", joined.worker_id)}
     except ImportError:

@@ -17,7 +17,7 @@ import statistics
 
 import torch
 
-from swarmhub.worker.aggregation import Standing, combine
+from swarmhub.worker.swarm.aggregation import Standing, combine
 from swarmhub.worker.tasks.digits import DigitsTask
 
 ATTACKS = ["none", "absent", "x100", "sign-flip", "noise"]

@@ -68,7 +68,8 @@ CANDIDATES = [
 
 def prepare_corpus(text_bytes: int, vocab_size: int, seq_length: int) -> Path:
     """The demo's corpus, prepared exactly as ``training_data.attach`` prepares it (cached between runs)."""
-    from swarmhub.server import corpus, training_data
+    from swarmhub.server.corpus import text as corpus
+    from swarmhub.server.corpus import training_data
 
     options = training_data.CorpusOptions(vocab_size=vocab_size, seq_length=seq_length)
     text = corpus.builtin_text("python-docstrings", max_bytes=text_bytes)
@@ -93,8 +94,8 @@ def baseline(task: Any, folder: Path) -> Any:
 
 
 def make_task(folder: Path, size: str, batch_size: int, setting: Setting) -> Any:
-    from swarmhub.worker.data import LocalCorpus
     from swarmhub.worker.tasks.albert import AlbertMLMTask
+    from swarmhub.worker.tasks.data import LocalCorpus
 
     task = AlbertMLMTask(
         {"size": size, "batch_size": batch_size, "warmup_steps": setting.warmup, "total_steps": setting.total}
@@ -105,7 +106,7 @@ def make_task(folder: Path, size: str, batch_size: int, setting: Setting) -> Any
 
 def train(task: Any, setting: Setting, checkpoints: list[int]) -> tuple[list[float], float]:
     """Held-out loss at each checkpoint (samples), and the samples per second it trained at."""
-    from swarmhub.worker.optim import Lamb
+    from swarmhub.worker.training.lamb import Lamb
 
     torch.manual_seed(SEED)
     model = task.build_model()

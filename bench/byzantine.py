@@ -3,7 +3,7 @@
     .venv/bin/python bench/byzantine.py [--epochs 20] [--repeats 2]
 
 For each aggregation (``mean``, ``centered-clip``) and each attack, a fresh swarm on 127.0.0.1: the server's
-bootstrap peer and four workers running ``swarmhub.worker.training.train`` on digits, each with its own account.
+bootstrap peer and four workers running ``swarmhub.worker.training.peer.train`` on digits, each with its own account.
 One of them sends, in every round, (a) its gradients x100, (b) its gradients x-1, (c) random noise of its
 gradients' norm; in the clean swarm it is honest, and in the ``absent`` swarm it never joins (three honest
 peers: what the swarm gets with the attacker's samples gone, the best any aggregation can do). The optimizer is
@@ -36,15 +36,15 @@ from typing import Any
 
 import _common as c
 
-from swarmhub.worker import swarm_access
-from swarmhub.worker.protocol import ExperimentConfig
+from swarmhub.common.protocol import Aggregation, ExperimentConfig, OptimizerName
+from swarmhub.worker.swarm import access as swarm_access
 
 PEER = """
 import json, sys
 from pathlib import Path
 import torch
-from swarmhub.worker.protocol import JoinResponse
-from swarmhub.worker.training import train
+from swarmhub.common.protocol import JoinResponse
+from swarmhub.worker.training.peer import train
 
 join = JoinResponse.model_validate_json(sys.argv[1])
 identity, attack, epochs = Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -65,7 +65,7 @@ if attack != "none":
                     t.copy_(noise * norm / noise.norm().clamp_min(1e-12))
     GradientAverager.load_accumulators_into_averager_ = poisoned
 import threading, time
-from swarmhub.worker import training
+from swarmhub.worker.training import peer as training
 models = []
 load_task = training.load_task
 def keep_model(*args, **kwargs):
@@ -121,8 +121,9 @@ def bootstrap(folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str],
 def join_for(peer: Run, name: str, identity: Path, aggregation: str) -> str:
     experiment = ExperimentConfig(
         slug="byzantine", title="Byzantine bench", task="digits", task_params={"batch_size": 32, "hidden_size": 32},
-        optimizer="sgd", learning_rate=0.5, target_batch_size=512, matchmaking_time=2.0, averaging_timeout=10.0,
-        aggregation=aggregation,
+        optimizer=OptimizerName.sgd, learning_rate=0.5, target_batch_size=512, matchmaking_time=2.0,
+        averaging_timeout=10.0,
+        aggregation=Aggregation(aggregation),
     )  # fmt: skip
     return c.make_join(peer, f"{name}-byzantine", identity, experiment, username=name).model_dump_json()
 

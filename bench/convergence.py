@@ -317,8 +317,8 @@ ALBERT_SWARMS = (("2 peers", (1.0, 1.0)), ("3 peers, one at half speed", (1.0, 1
 
 def albert_experiment() -> dict[str, Any]:
     """The demo's experiment (``swarmhub demo``'s demo-albert), as the server stores it."""
+    from swarmhub.common.protocol import TrainingSettings
     from swarmhub.server.cli import DEMO_ALBERT
-    from swarmhub.worker.protocol import TrainingSettings
 
     return TrainingSettings(**DEMO_ALBERT).model_dump(mode="json")
 

@@ -56,8 +56,8 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
 
 def make_volunteers(database_url: str, count: int) -> list[tuple[str, str]]:
     """``count`` volunteers with API tokens, made with the server's service functions: (username, token)."""
-    from swarmhub.server import accounts
-    from swarmhub.server.db import make_engine, make_sessionmaker
+    from swarmhub.server.accounts import users as accounts
+    from swarmhub.server.core.db import make_engine, make_sessionmaker
 
     engine = make_engine(database_url)
     made = []
@@ -86,7 +86,7 @@ def run_size(task: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
         if created.status_code != 201:
             raise c.BenchError(created.text)
         if task == "albert-mlm":
-            from swarmhub.server import corpus
+            from swarmhub.server.corpus import text as corpus
 
             text = corpus.builtin_text("python-docstrings", max_bytes=2_000_000).encode()
             uploaded = server.http.put(

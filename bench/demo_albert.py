@@ -141,7 +141,7 @@ def wait_dashboard(url: str, demo: subprocess.Popen[str], log: object, timeout: 
 
 
 def demo_baseline(demo_dir: Path) -> Any:
-    from swarmhub.worker.data import LocalCorpus
+    from swarmhub.worker.tasks.data import LocalCorpus
 
     folders = [p.parent for p in (demo_dir / "corpora").glob("*/manifest.json")]
     task = albert_settings.make_task(folders[0], "tiny", 16, albert_settings.CANDIDATES[0])

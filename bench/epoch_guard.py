@@ -1,11 +1,11 @@
 """The epoch-length guard: is it still needed? Swarms with and without it, at epochs shorter than matchmaking_time.
 
 swarmhub's training loop waits, after each epoch change, until ``matchmaking_time`` has passed since the last one
-(``worker/training_loop.py`` ``trainer_loop``, ``min_epoch_seconds``). It was added because hivemind 1.1.12's
+(``worker/training/loop.py`` ``trainer_loop``, ``min_epoch_seconds``). It was added because hivemind 1.1.12's
 matchmaking wedged for good ("aclose(): asynchronous generator is already running", then every round "could not find a
 group") when rounds were cancelled as fast as they were scheduled. It also caps a swarm at ``target_batch_size /
 matchmaking_time`` samples/s. Since then the optimizer no longer pre-schedules a round while it sees no other peer
-(``worker/swarm_optimizer.py``) and the global batch no longer overshoots. This benchmark runs the same swarms with
+(``worker/training/optimizer.py``) and the global batch no longer overshoots. This benchmark runs the same swarms with
 the guard (as shipped) and without it (the worker process's ``"epoch_guard": false``), at a target batch that two
 workers of this machine compute in ``--epoch-seconds`` (default 0.5 s, against a ``matchmaking_time`` of 2 s):
 

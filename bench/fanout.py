@@ -191,8 +191,8 @@ def _cpu() -> float:
 
 
 def _worker(cfg: dict[str, Any]) -> None:
-    from swarmhub.worker.protocol import MetricReport
-    from swarmhub.worker.reporter import Reporter
+    from swarmhub.common.protocol import MetricReport
+    from swarmhub.worker.join.reporter import Reporter
 
     reporter = Reporter(cfg["url"], cfg["token"]).start()
     deadline = time.monotonic() + 30

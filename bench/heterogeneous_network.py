@@ -138,7 +138,7 @@ def start_probe_server(h: c.Harness, lab: net.Lab) -> str:
 def swarm_peer_argv(h: c.Harness, lab: net.Lab, name: str, port: int) -> tuple[list[str], c.SwarmPeer]:
     """The server's bootstrap/monitor peer, as the server starts it, on the switch's address: its key and port
     are chosen here, so that its address is known before it runs and the workers can start at the same time."""
-    from swarmhub.worker import swarm_access
+    from swarmhub.worker.swarm import access as swarm_access
 
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     folder = h.tmp / name
@@ -563,7 +563,7 @@ ALLREDUCE_CONFIGS: dict[str, dict[str, tuple[str | None, bool, bool]]] = {
         "aux": ("rate", False, True),
     },
 }
-# Every configuration splits the vector as swarmhub's workers do (``worker/load_balancing.py``: hivemind's split,
+# Every configuration splits the vector as swarmhub's workers do (``worker/swarm/load_balancing.py``: hivemind's split,
 # every reachable peer at least 1 %), except this one, which shows hivemind's own split for comparison.
 HIVEMIND_SPLIT = "adaptive, hivemind's own split (slow peers may get 0)"
 ALLREDUCE_CONFIGS[HIVEMIND_SPLIT] = ALLREDUCE_CONFIGS["adaptive: bandwidth + client mode + aux"]

@@ -29,7 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from swarmhub.server import metrics
-from swarmhub.server.db import make_engine, make_sessionmaker
+from swarmhub.server.core.db import make_engine, make_sessionmaker
 from swarmhub.server.models import Experiment, utcnow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

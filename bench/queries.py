@@ -42,13 +42,16 @@ from alembic import command
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from swarmhub.server import contributions, experiments, metrics, milestones, security, volunteers
-from swarmhub.server.db import alembic_config, make_engine, make_sessionmaker
+from swarmhub.common import tokens as swarm_tokens
+from swarmhub.common.protocol import MetricReport
+from swarmhub.server import experiments, metrics
+from swarmhub.server.community import volunteers
+from swarmhub.server.core import security
+from swarmhub.server.core.db import alembic_config, make_engine, make_sessionmaker
+from swarmhub.server.core.settings import Settings
+from swarmhub.server.ledger import contributions, milestones
+from swarmhub.server.live.snapshots import dashboard_snapshot
 from swarmhub.server.models import Experiment, MetricBucket, MetricPoint, PeerEpoch, User, WorkerRun, utcnow
-from swarmhub.server.settings import Settings
-from swarmhub.server.snapshots import dashboard_snapshot
-from swarmhub.worker import swarm_tokens
-from swarmhub.worker.protocol import MetricReport
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = Path("/tmp/swarmhub-bench-running")

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from swarmhub.worker import policy, robust
+from swarmhub.worker.swarm import policy, robust
 
 PART = 128 * 1024  # float32 elements: 512 KiB
 

@@ -9,7 +9,7 @@ answered and when the answer arrives. This times those four steps, side by side 
   hivemind ships it): the client signs the request (RSA-2048), the server checks the token and the request's
   signature, clock and nonce, signs its answer, and the client checks the answer's token and signature;
 - the same with each token verified once and then remembered (``VerifiedTokens``: swarmhub until protocol 2);
-- swarmhub's protocol 2 (``worker/dht_auth.py``): each end checks that the token is valid (remembered) and binds
+- swarmhub's protocol 2 (``worker/swarm/dht_auth.py``): each end checks that the token is valid (remembered) and binds
   the key of the libp2p connection the message came on; nothing is signed per request (the connection's TLS
   handshake proved the key once).
 
@@ -31,7 +31,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarmhub.worker import swarm_access
+from swarmhub.worker.swarm import access as swarm_access
 
 RUN = "bench-run"
 

@@ -167,7 +167,7 @@ def device_and_precision(name: str, precision: str) -> tuple[str, str]:
     import torch
 
     from swarmhub.worker.errors import WorkerError
-    from swarmhub.worker.training import resolve_device, resolve_precision
+    from swarmhub.worker.training.peer import resolve_device, resolve_precision
 
     try:
         device = resolve_device(name)
@@ -264,8 +264,8 @@ def report_overlap(results: list[dict[str, Any]]) -> None:
     """The worker with a core to spare: delayed-averaging against none, round by round, and what ``auto`` picks."""
     import torch
 
-    from swarmhub.worker.overlap import choose_overlap
-    from swarmhub.worker.protocol import Overlap
+    from swarmhub.common.protocol import Overlap
+    from swarmhub.worker.training.overlap import choose_overlap
 
     none = [r["swarmhub"] for r in results]
     delayed = [r["delayed_swarmhub"] for r in results]

@@ -1,4 +1,4 @@
-"""Alembic environment: the engine comes from the caller (``swarmhub.server.db.migrate``)."""
+"""Alembic environment: the engine comes from the caller (``swarmhub.server.core.db.migrate``)."""
 
 from alembic import context
 from sqlalchemy import create_engine

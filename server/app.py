@@ -20,24 +20,25 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from swarmhub import __version__
-
-from . import body_limit, exports, observability, proxies, security
-from . import teams as team_service
-from . import volunteers as volunteer_service
-from .db import make_engine, make_sessionmaker, migrate
-from .deps import LoginRequired
-from .errors import AppError
-from .hub import HubCache
-from .leases import AddressWatch
-from .live import LiveHub, LiveSeats
-from .ratelimit import make_limiter
-from .routes import api, data, hub, pages, probe, tasks, teams, volunteers, ws
-from .services import Services
-from .settings import Settings
-from .swarm.coordinator import SwarmCoordinator
-from .swarm.host import SwarmHost
-from .views import render_error
-from .worker_package import WorkerPackages
+from swarmhub.server import teams as team_service
+from swarmhub.server.community import exports
+from swarmhub.server.community import volunteers as volunteer_service
+from swarmhub.server.community.overview import HubCache
+from swarmhub.server.core import proxies, security
+from swarmhub.server.core.db import make_engine, make_sessionmaker, migrate
+from swarmhub.server.core.errors import AppError
+from swarmhub.server.core.settings import Settings
+from swarmhub.server.http import body_limit, observability
+from swarmhub.server.http.deps import LoginRequired
+from swarmhub.server.http.ratelimit import make_limiter
+from swarmhub.server.http.views import render_error
+from swarmhub.server.http.worker_package import WorkerPackages
+from swarmhub.server.live.channels import LiveHub, LiveSeats
+from swarmhub.server.routes import api, data, hub, pages, probe, tasks, teams, volunteers, ws
+from swarmhub.server.services import Services
+from swarmhub.server.swarm.coordinator import SwarmCoordinator
+from swarmhub.server.swarm.host import SwarmHost
+from swarmhub.server.swarm.leases import AddressWatch
 
 logger = logging.getLogger("swarmhub.server")
 

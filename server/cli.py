@@ -23,14 +23,16 @@ import httpx
 from pydantic import ValidationError
 from sqlalchemy import func
 
+from swarmhub.common.protocol import OptimizerName
+from swarmhub.server import experiments
+from swarmhub.server.accounts import users as accounts
+from swarmhub.server.core.db import make_engine, make_sessionmaker, migrate
+from swarmhub.server.core.errors import AppError
+from swarmhub.server.core.settings import Settings
+from swarmhub.server.corpus import text as corpus
+from swarmhub.server.corpus import training_data
+from swarmhub.server.models import User
 from swarmhub.worker import transport
-from swarmhub.worker.protocol import OptimizerName
-
-from . import accounts, corpus, experiments, training_data
-from .db import make_engine, make_sessionmaker, migrate
-from .errors import AppError
-from .models import User
-from .settings import Settings
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -50,11 +52,11 @@ def load_settings(**overrides: Any) -> Settings:
 def run_server(host: str, port: int, database_url: str | None, log_level: str = "info") -> None:
     import uvicorn
 
-    from .app import create_app
+    from swarmhub.server.app import create_app
 
     settings = load_settings(database_url=database_url)
     click.echo(f"swarmhub on http://{host}:{port} (database: {_redact(settings.database_url)})")
-    # X-Forwarded-For is read by the app only, from SWARMHUB_TRUSTED_PROXIES (server/proxies.py): uvicorn's own
+    # X-Forwarded-For is read by the app only, from SWARMHUB_TRUSTED_PROXIES (server/core/proxies.py): uvicorn's own
     # reading believes any connection from 127.0.0.1.
     app = create_app(settings)
     # What is alive now (modules, routes, templates, table metadata) lives as long as the process: moved out of the
@@ -243,7 +245,7 @@ def run_demo(host: str = "127.0.0.1", port: int = 8000, workers: int = 2, experi
     # the demo serves plain http: a worker refuses it towards another machine (a LAN address) without --insecure
     insecure = [] if transport.on_this_machine(host) else ["--insecure"]
     env = {**os.environ, "SWARMHUB_DATA_DIR": str(demo_dir), "SWARMHUB_DATABASE_URL": database_url}
-    exe = [sys.executable, "-m", "swarmhub.worker.cli"]
+    exe = [sys.executable, "-m", "swarmhub.worker.cli.main"]
     # Each child runs in a session of its own, so a terminal's Ctrl-C reaches only this process, which then
     # stops each child with exactly one SIGTERM: a second signal would make a worker force its exit instead
     # of leaving the swarm cleanly, and uvicorn skip its graceful shutdown.

@@ -14,7 +14,7 @@ from swarmhub.worker.errors import SERVER_EXTRA_HINT, ExitCode
 
 def _server_cli() -> Any:
     try:
-        from . import cli as server_cli
+        from swarmhub.server import cli as server_cli
     except ImportError as exc:
         # A module of ours that fails to import is a bug; a missing server package or web stack is the extra.
         if exc.name and exc.name.startswith("swarmhub") and exc.name not in ("swarmhub.server", "swarmhub.server.cli"):

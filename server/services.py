@@ -10,17 +10,17 @@ if TYPE_CHECKING:  # types only: this module is imported by the routes, which th
     from sqlalchemy.engine import Engine
     from sqlalchemy.orm import Session, sessionmaker
 
-    from .exports import Dump
-    from .hub import HubCache
-    from .ingestion import ReportWriter
-    from .leases import AddressWatch
-    from .live import LiveHub, LiveSeats
-    from .observability import Metrics
-    from .ratelimit import Limiter
-    from .settings import Settings
-    from .swarm.coordinator import SwarmCoordinator
-    from .swarm.host import SwarmHost
-    from .worker_package import WorkerPackages
+    from swarmhub.server.community.exports import Dump
+    from swarmhub.server.community.overview import HubCache
+    from swarmhub.server.core.settings import Settings
+    from swarmhub.server.http.observability import Metrics
+    from swarmhub.server.http.ratelimit import Limiter
+    from swarmhub.server.http.worker_package import WorkerPackages
+    from swarmhub.server.live.channels import LiveHub, LiveSeats
+    from swarmhub.server.metrics.ingestion import ReportWriter
+    from swarmhub.server.swarm.coordinator import SwarmCoordinator
+    from swarmhub.server.swarm.host import SwarmHost
+    from swarmhub.server.swarm.leases import AddressWatch
 
 
 @dataclass(eq=False)

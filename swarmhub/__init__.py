@@ -2,8 +2,9 @@
 
 The distribution has two halves, mapped from the repository's folders:
 
-- ``swarmhub.worker`` (``worker/``): what a volunteer installs. CLI, API client, the wire contract
-  (``protocol``), tasks, the hivemind training loop and the metric reporter.
+- ``swarmhub.common`` (``swarmhub/common/``): the wire contract and the swarm tokens both halves import.
+- ``swarmhub.worker`` (``worker/``): what a volunteer installs. CLI, API client, tasks, the hivemind training
+  loop and the metric reporter.
 - ``swarmhub.server`` (``server/``, extra ``[server]``): the FastAPI app, database, pages and the
   per-experiment swarm peers.
 

@@ -21,12 +21,14 @@ import sqlalchemy as sa
 import uvicorn
 from fastapi.testclient import TestClient
 
-from swarmhub.server import accounts, corpus, experiments
+from swarmhub.server import experiments
+from swarmhub.server.accounts import users as accounts
 from swarmhub.server.app import create_app
-from swarmhub.server.db import make_engine, migrate
+from swarmhub.server.core.db import make_engine, migrate
+from swarmhub.server.core.settings import Settings
+from swarmhub.server.corpus import text as corpus
 from swarmhub.server.models import Base, Experiment, User
 from swarmhub.server.services import services
-from swarmhub.server.settings import Settings
 
 POSTGRES_URL = os.environ.get(
     "SWARMHUB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/swarmhub_test"

@@ -20,7 +20,7 @@ import psutil
 from .conftest import PASSWORD, csrf_from, free_port
 from .swarm_processes import wait_healthy
 
-SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli"]
+SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli.main"]
 
 
 def signup(url: str, username: str) -> str:

@@ -11,9 +11,10 @@ from typing import Any
 
 import httpx
 
-from swarmhub.server import contributions, experiments, witnessed
+from swarmhub.common.protocol import MetricReport
+from swarmhub.server import experiments
+from swarmhub.server.ledger import contributions, witnessed
 from swarmhub.server.models import User
-from swarmhub.worker.protocol import MetricReport
 
 from .conftest import PASSWORD, api_token
 

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 import psutil
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarmhub.worker import swarm_access
-from swarmhub.worker.protocol import ExperimentConfig, JoinResponse, SwarmToken
+from swarmhub.common.protocol import ExperimentConfig, JoinResponse, OptimizerName, SwarmToken
+from swarmhub.worker.swarm import access as swarm_access
 
 TAG = "SWARMHUB_PROCESS_TAG"
 
@@ -212,7 +212,7 @@ TEST_EXPERIMENT = ExperimentConfig(
     title="Digits test",
     task="digits",
     task_params={"batch_size": 32, "hidden_size": 32},
-    optimizer="adam",
+    optimizer=OptimizerName.adam,
     learning_rate=3e-3,
     target_batch_size=128,
     matchmaking_time=2.0,

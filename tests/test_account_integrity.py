@@ -8,10 +8,10 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from starlette.testclient import TestClient
 
-from swarmhub.server import security
+from swarmhub.server.core import security
+from swarmhub.server.core.settings import Settings
 from swarmhub.server.models import User
-from swarmhub.server.settings import Settings
-from swarmhub.worker.cli import main
+from swarmhub.worker.cli.main import main
 
 from .conftest import PASSWORD, api_token, csrf_from, make_user
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from swarmhub.worker.protocol import Overlap
+from swarmhub.common.protocol import Overlap
 
 from .swarm_processes import TAG, LineReader, Swarm, kill_all, make_join, tagged_env, wait_gone
 
@@ -25,8 +25,8 @@ pytestmark = pytest.mark.swarm
 WORKER = """
 import dataclasses, json, os, signal, sys, threading, time
 from pathlib import Path
-from swarmhub.worker.protocol import JoinResponse
-from swarmhub.worker.training import train
+from swarmhub.common.protocol import JoinResponse
+from swarmhub.worker.training.peer import train
 
 opts = json.loads(sys.argv[1])
 join = JoinResponse.model_validate_json(opts["join"])
@@ -232,9 +232,9 @@ def test_a_late_joiner_loads_the_state_and_a_killed_peer_stalls_no_one_for_long(
 
 
 def test_the_server_runs_an_auxiliary_peer_when_the_organizer_asks(tmp_path: Path, monkeypatch) -> None:
+    from swarmhub.common.protocol import ExperimentConfig
     from swarmhub.server.swarm import SwarmHost
-    from swarmhub.worker import swarm_access
-    from swarmhub.worker.protocol import ExperimentConfig
+    from swarmhub.worker.swarm import access as swarm_access
 
     tag = f"host-{uuid.uuid4().hex}"
     monkeypatch.setenv(TAG, tag)  # inherited by every process the host starts

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from swarmhub.server.deps import after_commit, get_session
+from swarmhub.server.http.deps import after_commit, get_session
 from swarmhub.server.models import Experiment, ExperimentBan
 from swarmhub.server.services import services
 

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from swarmhub.server import contributions, experiments, metrics, witnessed
+from swarmhub.common.protocol import MetricReport
+from swarmhub.server import experiments, metrics
+from swarmhub.server.ledger import contributions, witnessed
 from swarmhub.server.models import Experiment, MetricPoint, User, VolunteerTotal, WorkerRun, utcnow
-from swarmhub.worker.protocol import MetricReport
 
 from .conftest import api_token, make_experiment, make_user
 
@@ -340,7 +341,7 @@ def test_leaderboard_pages_keep_the_absolute_rank(client, db):
 
 
 def test_dashboard_snapshot_shows_the_top_rows_only(db, app):
-    from swarmhub.server.snapshots import DASHBOARD_ROWS, dashboard_snapshot
+    from swarmhub.server.live.snapshots import DASHBOARD_ROWS, dashboard_snapshot
 
     organizer = make_user(db, "olga")
     experiment = make_experiment(db, organizer, slug="crowd", status="running")

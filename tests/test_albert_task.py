@@ -15,17 +15,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from swarmhub.server.corpus import builtin_text, prepare
-from swarmhub.worker.data import LocalCorpus, load_sequences
-from swarmhub.worker.optim import Lamb
+from swarmhub.server.corpus.text import builtin_text, prepare
 from swarmhub.worker.tasks import get_task
-from swarmhub.worker.tasks.albert import (
-    PRESETS,
-    AlbertMLMTask,
-    AlbertParams,
-    CorpusNotAttached,
-)
+from swarmhub.worker.tasks.albert import PRESETS, AlbertMLMTask, AlbertParams, CorpusNotAttached
+from swarmhub.worker.tasks.data import LocalCorpus, load_sequences
 from swarmhub.worker.tasks.unigram import token_counts, unigram_baseline
+from swarmhub.worker.training.lamb import Lamb
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 CPU = torch.device("cpu")

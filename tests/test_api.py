@@ -7,10 +7,10 @@ import base64
 from hivemind.utils.crypto import RSAPrivateKey
 from sqlalchemy import func, select
 
+from swarmhub.common.protocol import JoinResponse
 from swarmhub.server import experiments
 from swarmhub.server.models import Experiment
-from swarmhub.worker import swarm_access
-from swarmhub.worker.protocol import JoinResponse
+from swarmhub.worker.swarm import access as swarm_access
 
 from .conftest import api_token, csrf_from, login, make_experiment, make_user
 

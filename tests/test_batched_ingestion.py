@@ -1,4 +1,4 @@
-"""The report writer (server/ingestion.py): reports from many sockets are stored in few transactions, each
+"""The report writer (server/metrics/ingestion.py): reports from many sockets are stored in few transactions, each
 answered only once committed, exactly once, with the same totals and buckets as storing them one by one; a
 removed volunteer's report and a report the database refuses fail alone; a full queue makes senders wait."""
 
@@ -10,17 +10,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, select
 
+from swarmhub.common.protocol import MetricReport
 from swarmhub.server import experiments, metrics
-from swarmhub.server.ingestion import ReportWriter
-from swarmhub.server.models import (
-    ExperimentBan,
-    ExperimentTotal,
-    MetricBucket,
-    MetricPoint,
-    VolunteerTotal,
-    WorkerRun,
-)
-from swarmhub.worker.protocol import MetricReport
+from swarmhub.server.metrics.ingestion import ReportWriter
+from swarmhub.server.models import ExperimentBan, ExperimentTotal, MetricBucket, MetricPoint, VolunteerTotal, WorkerRun
 
 from .conftest import make_experiment, make_user
 

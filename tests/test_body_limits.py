@@ -1,4 +1,4 @@
-"""Request bodies are bounded before anything reads them (``server/body_limit.py``).
+"""Request bodies are bounded before anything reads them (``server/http/body_limit.py``).
 
 Against a real server process (`swarmhub server`, uvicorn): 200 MB sent to the log-in route and to the corpus
 upload, with a Content-Length and without one (chunked), is answered 413 after a few MB at most, and the server's

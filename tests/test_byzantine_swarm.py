@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmhub.worker import robust
-from swarmhub.worker.protocol import JoinResponse
+from swarmhub.common.protocol import JoinResponse
+from swarmhub.worker.swarm import robust
 
 from .swarm_processes import TEST_EXPERIMENT, LineReader, Swarm, kill_all, make_join, tagged_env, wait_gone
 
@@ -28,8 +28,8 @@ PEER = """
 import dataclasses, json, os, signal, sys, threading
 from pathlib import Path
 import torch
-from swarmhub.worker.protocol import JoinResponse
-from swarmhub.worker.training import train
+from swarmhub.common.protocol import JoinResponse
+from swarmhub.worker.training.peer import train
 
 join = JoinResponse.model_validate_json(sys.argv[1])
 identity, attack, minutes = Path(sys.argv[2]), sys.argv[3], float(sys.argv[4])

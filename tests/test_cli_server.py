@@ -17,13 +17,14 @@ from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from swarmhub import __version__
-from swarmhub.server import experiments, leases
+from swarmhub.common import tokens as swarm_tokens
+from swarmhub.common.protocol import SWARM_PROTOCOL
+from swarmhub.server import experiments
 from swarmhub.server.app import create_app
 from swarmhub.server.models import SwarmPeerKey, User, utcnow
 from swarmhub.server.services import services
-from swarmhub.worker import swarm_tokens
-from swarmhub.worker.cli import main
-from swarmhub.worker.protocol import SWARM_PROTOCOL
+from swarmhub.server.swarm import leases
+from swarmhub.worker.cli.main import main
 
 from .conftest import PASSWORD, LiveServer, csrf_from, make_experiment, make_user
 from .support import token_for
@@ -132,7 +133,7 @@ def test_device_code_login_approved_in_the_browser(db, live_server, tmp_path):
     env = {**os.environ, "SWARMHUB_CONFIG_DIR": str(tmp_path / "config"), "SWARMHUB_STATE_DIR": str(tmp_path)}
     env.pop("SWARMHUB_TOKEN", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "swarmhub.worker.cli", "login", "--server", live_server.url],
+        [sys.executable, "-m", "swarmhub.worker.cli.main", "login", "--server", live_server.url],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -341,8 +342,8 @@ def test_a_worker_too_old_for_the_swarm_gets_no_renewal_either(settings):
     every `swarmhub` command names in its User-Agent: it gets the join's 426 (``field: User-Agent``), and the
     client turns it into the server's line and exit code 9. This version, and a client of the API's own that names
     none, are renewed."""
+    from swarmhub.common.protocol import JoinRequest
     from swarmhub.worker.client import USER_AGENT, ApiClient, ExitCode, WorkerError
-    from swarmhub.worker.protocol import JoinRequest
 
     app, _db = hosted_elsewhere(settings, "upgraded-hub")
     key = swarm_tokens.SigningKey.generate().get_public_key().to_bytes().decode()
@@ -389,11 +390,11 @@ def test_what_a_training_worker_asks_in_the_background_records_a_refusal_for_goo
     and the current token serve meanwhile."""
     from hivemind.utils.crypto import RSAPrivateKey
 
-    from swarmhub.worker import swarm_access
+    from swarmhub.common.protocol import JoinRequest
     from swarmhub.worker.client import USER_AGENT, ApiClient, ExitCode
-    from swarmhub.worker.deny_list import DenyList
-    from swarmhub.worker.peer_access import PeerAccess
-    from swarmhub.worker.protocol import JoinRequest
+    from swarmhub.worker.swarm import access as swarm_access
+    from swarmhub.worker.swarm.deny_list import DenyList
+    from swarmhub.worker.training.access import PeerAccess
 
     # PeerAccess makes the peer's key hivemind's process-wide signing key: put the one before back afterwards
     monkeypatch.setattr(RSAPrivateKey, "_process_wide_key", RSAPrivateKey._process_wide_key)

@@ -19,8 +19,8 @@ import pytest
 from starlette.datastructures import UploadFile
 from tokenizers import Tokenizer
 
-from swarmhub.server import corpus
-from swarmhub.server.corpus import CLS, PAD, SEP, CorpusError
+from swarmhub.server.corpus import text as corpus
+from swarmhub.server.corpus.text import CLS, PAD, SEP, CorpusError
 
 SEQ = 64
 SMALL_BUILTIN = 300_000
@@ -166,7 +166,7 @@ def test_the_builtin_corpus_is_the_standard_librarys_docstrings(docstrings: str)
 
 PARSE_ALL = """
 import json, sys
-from swarmhub.server import corpus
+from swarmhub.server.corpus import text as corpus
 text = corpus.builtin_text("python-docstrings")
 heavy = sorted({"torch", "transformers", "hivemind", "antigravity", "this", "idlelib", "tkinter"} & set(sys.modules))
 print(json.dumps({"text": text, "loaded": heavy}))

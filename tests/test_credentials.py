@@ -15,8 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 from pydantic import SecretStr
 
-from swarmhub.worker import swarm_access
-from swarmhub.worker.cli import main
+from swarmhub.worker.cli.main import main
 from swarmhub.worker.client import ExitCode
 from swarmhub.worker.credentials import (
     StoredCredentials,
@@ -27,6 +26,7 @@ from swarmhub.worker.credentials import (
     store_credentials,
 )
 from swarmhub.worker.settings import WorkerSettings
+from swarmhub.worker.swarm import access as swarm_access
 
 TOKEN = "shh-4d1f9c0e7b2a-secret-token"
 DOWN = "http://127.0.0.1:9"  # nothing listens there: connection refused

@@ -26,7 +26,7 @@ SCRIPT = """
 import asyncio, json, sys, time
 import hivemind, torch
 from hivemind.averaging.allreduce import AllReduceRunner
-from swarmhub.worker import robust
+from swarmhub.worker.swarm import robust
 
 size, chunk_timeout, allreduce_timeout = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
 robust.install("mean", target_batch_size=1_000_000, run_id="deaf-test", experiment_key=None, username="ada")

@@ -7,8 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from swarmhub.worker import deny_list
-from swarmhub.worker.deny_list import DenyList
+from swarmhub.worker.swarm import deny_list
+from swarmhub.worker.swarm.deny_list import DenyList
 
 INTERVAL = 0.2
 

@@ -27,9 +27,9 @@ from sqlalchemy.engine import make_url
 from starlette.routing import Mount
 
 from swarmhub.server.app import create_app
+from swarmhub.server.core.settings import Settings
 from swarmhub.server.services import services as app_services
-from swarmhub.server.settings import Settings
-from swarmhub.worker.cli import main as cli
+from swarmhub.worker.cli.main import main as cli
 from swarmhub.worker.settings import WorkerSettings
 
 if sys.version_info >= (3, 11):
@@ -315,7 +315,7 @@ def test_server_environment_is_read_by_settings(services: dict[str, Any], clean_
             above = [line for line in lines[max(0, at - 3) : at + 1] if "#" in line]
             assert any(PLANNED[name.upper()] in line for line in above), f"mark {name} as planned in a comment"
             continue
-        assert name.upper() in read, f"{name} is not a field of swarmhub.server.settings.Settings ({sorted(read)})"
+        assert name.upper() in read, f"{name} is not a field of swarmhub.server.core.settings.Settings ({sorted(read)})"
     # ... and the values, with the defaults Compose fills in, make a valid Settings that holds them.
     for name, value in env.items():
         clean_env.setenv(name, value)
@@ -536,7 +536,10 @@ def test_the_gpu_check_carries_every_runtime_need_its_image_lacks(pyproject: dic
     project = pyproject["project"]
     needs = _requirement_names(project["dependencies"]) | _requirement_names(project["optional-dependencies"]["server"])
     needs |= _requirement_names(requires("hivemind") or [])
-    configured_only = {"redis", "psycopg"}  # server/ratelimit.py, server/live.py; SQLAlchemy's PostgreSQL dialect
+    configured_only = {
+        "redis",
+        "psycopg",
+    }  # server/http/ratelimit.py, server/live/channels.py; SQLAlchemy's PostgreSQL dialect
     missing = needs - pinned - image - configured_only - {"swarmhub"}
     assert not missing, f"pin these in bench/gpu/requirements.txt (bash bench/gpu/wheels.sh fetches them): {missing}"
     assert "hivemind" in pinned and "torch" in image

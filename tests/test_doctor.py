@@ -9,8 +9,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from swarmhub.worker import doctor
-from swarmhub.worker.cli import main
+from swarmhub.worker.cli.main import main
+from swarmhub.worker.join import doctor
 
 from .conftest import PASSWORD, make_experiment, make_user
 
@@ -133,7 +133,7 @@ def test_a_worker_the_server_cannot_dial_joins_in_client_mode(db, live_server, c
 
 
 def test_doctor_measures_a_task_that_trains_on_the_experiments_text(db, live_server, cli_env, tmp_path):
-    from swarmhub.server import corpus
+    from swarmhub.server.corpus import text as corpus
 
     owner = make_user(db, "olga")
     make_experiment(db, owner, slug="albert-run", task="albert-mlm", task_params={"size": "tiny", "batch_size": 4})

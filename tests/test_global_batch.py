@@ -15,7 +15,8 @@ from datetime import timedelta
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarmhub.worker import swarm_access, swarm_epoch
+from swarmhub.worker.swarm import access as swarm_access
+from swarmhub.worker.swarm import epoch as swarm_epoch
 
 pytestmark = pytest.mark.swarm
 

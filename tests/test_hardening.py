@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
+from swarmhub.server.http.ratelimit import LIMITS
 from swarmhub.server.models import User, WebSession
-from swarmhub.server.ratelimit import LIMITS
 
 from .conftest import PASSWORD, csrf_from, make_user
 

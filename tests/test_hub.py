@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from swarmhub.server import contributions, metrics, witnessed
+from swarmhub.server import metrics
 from swarmhub.server.app import create_app
-from swarmhub.server.exports import accepts_gzip
+from swarmhub.server.community.exports import accepts_gzip
+from swarmhub.server.ledger import contributions, witnessed
 from swarmhub.server.models import Checkpoint, Experiment, WorkerRun, utcnow
 from swarmhub.server.services import services
 
@@ -260,7 +261,7 @@ def test_a_stale_copy_is_served_while_one_caller_rebuilds_it():
     import threading
     import time
 
-    from swarmhub.server.exports import Kept
+    from swarmhub.server.community.exports import Kept
 
     kept = Kept(max_age=0.05)
     assert kept.get(lambda: "first") == "first"  # the first build is waited for

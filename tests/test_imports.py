@@ -1,13 +1,17 @@
 """The import rules of swarmhub's packages, read from the source (docs/development.md, "How the code is laid out"):
-no import cycle between modules, the worker never imports the server, and no module imports another module's
-private (``_name``) names. Imports under ``if TYPE_CHECKING:`` never run and are left out; imports inside functions
-count, because they run."""
+no import cycle between modules; the shared contract (``swarmhub.common``) imports nothing else of swarmhub; the
+worker never imports the server; only the server's peer processes import the worker's training and swarm code;
+routes reach no swarm internals and not the metric store; domain packages never import the HTTP layer; no module
+imports another module's private (``_name``) names; and the two sides keep their modules in packages. Imports
+under ``if TYPE_CHECKING:`` never run and are left out; imports inside functions count, because they run."""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # Source folder -> the import package it installs as (pyproject.toml's package-dir).
@@ -123,10 +127,10 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_scan_sees_the_imports_it_checks():
     """The rules below hold of what the scan reads: it must read the imports that are there."""
     edges, _ = graph()
-    assert "swarmhub.worker.joining" in edges["swarmhub.worker.cli"]  # from .joining import join_and_train
+    assert "swarmhub.worker.join.prepare" in edges["swarmhub.worker.cli.main"]  # an absolute import of a module
     assert "swarmhub.worker.errors" in edges["swarmhub.server.commands"]  # absolute
     assert "swarmhub.server.cli" in edges["swarmhub.server.commands"]  # inside a function
-    assert "swarmhub.server.ingestion" not in edges["swarmhub.server.services"]  # under TYPE_CHECKING only
+    assert "swarmhub.server.metrics.ingestion" not in edges["swarmhub.server.services"]  # under TYPE_CHECKING only
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -152,3 +156,68 @@ def test_the_worker_never_imports_the_server():
 def test_no_module_imports_another_module_s_private_names():
     _, private = graph()
     assert private == []
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _imports_where(importer, target) -> list[tuple[str, str]]:
+    edges, _ = graph()
+    return sorted((m, t) for m, targets in edges.items() if importer(m) for t in targets if target(t))
+
+
+def test_the_common_contract_imports_nothing_else_of_swarmhub():
+    """Both sides import ``swarmhub.common``; it must stay light (no torch, FastAPI or SQLAlchemy through swarmhub)."""
+    assert (
+        _imports_where(
+            lambda m: _within(m, "swarmhub.common"),
+            lambda t: not _within(t, "swarmhub.common") and t != "swarmhub",
+        )
+        == []
+    )
+
+
+def test_only_the_server_s_peer_processes_import_the_worker_s_training_and_swarm_code():
+    """The web process imports no hivemind or torch through the worker: only ``swarmhub.server.swarm`` (the peers'
+    processes and what starts them) reaches the worker's training and swarm packages."""
+    assert (
+        _imports_where(
+            lambda m: _within(m, "swarmhub.server") and not _within(m, "swarmhub.server.swarm"),
+            lambda t: _within(t, "swarmhub.worker.training") or _within(t, "swarmhub.worker.swarm"),
+        )
+        == []
+    )
+
+
+def test_routes_reach_no_swarm_internals_and_not_the_metric_store():
+    assert (
+        _imports_where(
+            lambda m: _within(m, "swarmhub.server.routes"),
+            lambda t: _within(t, "swarmhub.server.swarm") or t == "swarmhub.server.metrics.store",
+        )
+        == []
+    )
+
+
+DOMAINS = ("core", "accounts", "experiments", "corpus", "metrics", "live", "ledger", "community", "teams", "swarm")
+
+
+def test_domain_packages_never_import_the_http_layer():
+    http = ("swarmhub.server.routes", "swarmhub.server.http", "swarmhub.server.app", "swarmhub.server.cli")
+    assert (
+        _imports_where(
+            lambda m: any(_within(m, f"swarmhub.server.{d}") for d in (*DOMAINS, "models")),
+            lambda t: any(_within(t, h) for h in http),
+        )
+        == []
+    )
+
+
+@pytest.mark.parametrize("folder", ["server", "worker"])
+def test_each_side_keeps_its_modules_in_packages(folder: str):
+    """Beside its packages, each side keeps only its entry points and the few modules everything shares."""
+    flat = sorted(p.name for p in (ROOT / folder).glob("*.py"))
+    assert len(flat) <= 8, flat
+    for package in sorted(p for p in (ROOT / folder).iterdir() if (p / "__init__.py").is_file()):
+        assert ast.get_docstring(ast.parse((package / "__init__.py").read_text())), f"{package} says what it owns"

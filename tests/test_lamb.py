@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from swarmhub.worker.optim import Lamb
-from swarmhub.worker.protocol import OptimizerName, TrainingSettings
+from swarmhub.common.protocol import OptimizerName, TrainingSettings
+from swarmhub.worker.training.lamb import Lamb
 
 
 def test_one_step_matches_the_formulas_by_hand() -> None:
@@ -169,7 +169,7 @@ def test_hivemind_state_averager_drives_it() -> None:
 
 
 def test_the_worker_trains_with_lamb() -> None:
-    from swarmhub.worker.training import optimizer_factory
+    from swarmhub.worker.training.peer import optimizer_factory
 
     settings = TrainingSettings.model_validate({"optimizer": "lamb", "learning_rate": 0.002})
     assert settings.optimizer is OptimizerName.lamb

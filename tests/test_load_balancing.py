@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swarmhub.worker import load_balancing
-from swarmhub.worker.load_balancing import MIN_SHARE, balanced_parts
+from swarmhub.worker.swarm import load_balancing
+from swarmhub.worker.swarm.load_balancing import MIN_SHARE, balanced_parts
 
 from .swarm_processes import loopback_dhts
 
@@ -102,7 +102,7 @@ def test_the_gradient_averager_gets_the_measured_bandwidth() -> None:
     """hivemind 1.1.12 gives ``averager_opts`` to the state averager only; the gradient rounds carry the traffic."""
     import hivemind
 
-    from swarmhub.worker.swarm_optimizer import SwarmOptimizer
+    from swarmhub.worker.training.optimizer import SwarmOptimizer
 
     dht = hivemind.DHT(host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
     model = torch.nn.Linear(64, 10)

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from swarmhub.worker import matchmaking
+from swarmhub.worker.swarm import matchmaking
 
 from .swarm_processes import loopback_dhts
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from swarmhub.server.db import make_engine
+from swarmhub.server.core.db import make_engine
 
 from .conftest import POSTGRES_URL, _drop_postgres, _prepare_postgres
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.both_databases  # the migration lock is a database lock
 
 MIGRATE_AT = """
 import sys, time
-from swarmhub.server.db import make_engine, migrate
+from swarmhub.server.core.db import make_engine, migrate
 start = float(sys.argv[2])
 time.sleep(max(0.0, start - time.time()))  # all three at the same moment
 migrate(make_engine(sys.argv[1]))

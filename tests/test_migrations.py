@@ -11,7 +11,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from swarmhub.server.db import alembic_config, make_engine
+from swarmhub.server.core.db import alembic_config, make_engine
 from swarmhub.server.models import Base, Experiment, MetricPoint, User, WorkerRun
 
 pytestmark = pytest.mark.both_databases  # migrations run on both databases' DDL

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from swarmhub.server import experiments, milestones, training_data
+from swarmhub.server import experiments
+from swarmhub.server.corpus import training_data
+from swarmhub.server.ledger import milestones
 from swarmhub.server.models import utcnow
 from swarmhub.server.services import services
 

@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 
-from swarmhub.worker.training import restart_step_count
+from swarmhub.worker.training.peer import restart_step_count
 
 pytestmark = pytest.mark.swarm
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swarmhub.worker.overlap import choose_overlap, overlap_options, round_seconds
-from swarmhub.worker.protocol import Overlap
+from swarmhub.common.protocol import Overlap
+from swarmhub.worker.training.overlap import choose_overlap, overlap_options, round_seconds
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

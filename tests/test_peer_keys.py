@@ -17,10 +17,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from hivemind.utils.crypto import RSAPrivateKey
 from sqlalchemy import select, update
 
-from swarmhub.server.db import alembic_config
+from swarmhub.common.tokens import peer_id_for_public_key
+from swarmhub.server.core.db import alembic_config
+from swarmhub.server.http.ratelimit import LIMITS
 from swarmhub.server.models import Experiment, SwarmPeerKey, User, utcnow
-from swarmhub.server.ratelimit import LIMITS
-from swarmhub.worker.swarm_tokens import peer_id_for_public_key
 
 from .conftest import api_token, csrf_from, login, make_experiment, make_user
 

@@ -13,7 +13,7 @@ import time
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarmhub.worker import swarm_epoch
+from swarmhub.worker.swarm import epoch as swarm_epoch
 
 pytestmark = pytest.mark.swarm
 

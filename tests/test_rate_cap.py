@@ -9,9 +9,9 @@ from datetime import timedelta
 
 import torch
 
+from swarmhub.common.protocol import ExperimentDetail
 from swarmhub.server.models import utcnow
-from swarmhub.worker import doctor
-from swarmhub.worker.protocol import ExperimentDetail
+from swarmhub.worker.join import doctor
 
 from .conftest import api_token, login, make_experiment, make_user
 from .support import observe

@@ -8,13 +8,14 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from swarmhub.server import accounts, experiments
+from swarmhub.common.protocol import MetricReport
+from swarmhub.server import experiments
+from swarmhub.server.accounts import users as accounts
 from swarmhub.server.app import create_app
 from swarmhub.server.models import MetricPoint
 from swarmhub.server.services import services
 from swarmhub.worker.client import ExitCode
-from swarmhub.worker.protocol import MetricReport
-from swarmhub.worker.reporter import Reporter
+from swarmhub.worker.join.reporter import Reporter
 
 from .conftest import LiveServer, free_port, make_experiment, make_user
 

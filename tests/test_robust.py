@@ -1,4 +1,5 @@
-"""What a peer accepts from strangers (``worker/robust.py``), through the pieces' own interfaces: hivemind's reducer
+"""What a peer accepts from strangers (``worker/swarm/robust.py``), through the pieces' own interfaces: hivemind's
+reducer
 protocol (``accumulate_part``), the epoch bound, the state checks; and the ``aggregation`` setting through the API.
 The same protections against real attacking processes are in ``test_byzantine_swarm.py``."""
 
@@ -10,7 +11,9 @@ import math
 import pytest
 import torch
 
-from swarmhub.worker import aggregation, policy, robust, state_guard, swarm_access, swarm_epoch
+from swarmhub.worker.swarm import access as swarm_access
+from swarmhub.worker.swarm import aggregation, policy, robust, state_guard
+from swarmhub.worker.swarm import epoch as swarm_epoch
 
 from .conftest import api_token, make_user
 

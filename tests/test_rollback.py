@@ -9,7 +9,8 @@ import json
 import pytest
 from starlette.testclient import TestClient
 
-from swarmhub.server import rollback, training_data
+from swarmhub.server.corpus import training_data
+from swarmhub.server.experiments import rollback
 from swarmhub.server.models import Experiment
 from swarmhub.server.swarm import SwarmHost
 

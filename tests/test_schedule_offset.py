@@ -12,7 +12,7 @@ from functools import partial
 import pytest
 import torch
 
-from swarmhub.worker.swarm_optimizer import SwarmOptimizer
+from swarmhub.worker.training.optimizer import SwarmOptimizer
 
 pytestmark = pytest.mark.swarm
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, select, text
 
+from swarmhub.common.protocol import MetricReport
 from swarmhub.server import experiments, metrics
 from swarmhub.server.models import Experiment, MetricBucket, MetricPoint, WorkerRun
-from swarmhub.worker.protocol import MetricReport
 
 from .conftest import make_experiment, make_user
 

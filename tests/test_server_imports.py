@@ -13,8 +13,9 @@ import pytest
 from hivemind.p2p.p2p_daemon_bindings.datastructures import PeerID
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarmhub.server.db import make_engine, make_sessionmaker, migrate
-from swarmhub.worker import swarm_access, swarm_tokens
+from swarmhub.common import tokens as swarm_tokens
+from swarmhub.server.core.db import make_engine, make_sessionmaker, migrate
+from swarmhub.worker.swarm import access as swarm_access
 
 from .conftest import PASSWORD, make_experiment, make_user
 
@@ -27,8 +28,8 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from swarmhub.server.app import create_app
-from swarmhub.server.settings import Settings
-from swarmhub.worker import swarm_tokens
+from swarmhub.server.core.settings import Settings
+from swarmhub.common import tokens as swarm_tokens
 
 folder, swarm, create, password = Path(sys.argv[1]), sys.argv[2] == "on", sys.argv[3] == "create", sys.argv[4]
 settings = Settings(

@@ -26,13 +26,13 @@ from click.testing import CliRunner
 
 from swarmhub.server import experiments
 from swarmhub.server.metrics.common import current_time
-from swarmhub.worker.cli import main
+from swarmhub.worker.cli.main import main
+from swarmhub.worker.cli.service import joinable_fetcher
 from swarmhub.worker.client import ExitCode
-from swarmhub.worker.limits import CpuSampler, Hours, ServiceConfig, on_battery_linux, on_battery_macos
-from swarmhub.worker.runner import Conditions, Runner
-from swarmhub.worker.service_cli import joinable_fetcher
-from swarmhub.worker.service_state import read_state
-from swarmhub.worker.service_units import (
+from swarmhub.worker.service.limits import CpuSampler, Hours, ServiceConfig, on_battery_linux, on_battery_macos
+from swarmhub.worker.service.runner import Conditions, Runner
+from swarmhub.worker.service.state import read_state
+from swarmhub.worker.service.units import (
     ServiceManager,
     launchd_plist,
     swarmhub_executable,
@@ -87,7 +87,7 @@ def test_the_unit_runs_the_installed_executable_restarts_on_failure_and_names_it
     executable = swarmhub_executable()
     assert executable.is_absolute() and executable == Path(sys.executable).parent / "swarmhub"
     settings = WorkerSettings()
-    from swarmhub.worker.service_units import service_environment
+    from swarmhub.worker.service.units import service_environment
 
     values = unit_values(systemd_unit(executable, service_environment(settings)))
     assert values["ExecStart"] == [f'"{executable}" run-service']
@@ -587,7 +587,7 @@ def test_run_service_stops_its_child_cleanly_on_sigterm(home: Path, tmp_path: Pa
 
 
 def test_the_join_command_carries_the_limits() -> None:
-    from swarmhub.worker.runner import join_command
+    from swarmhub.worker.service.runner import join_command
 
     config = ServiceConfig(experiments=["alpha"], cpu_threads=2, gpu_memory_fraction=0.5)
     command = join_command(config, ["swarmhub"], listen=["/ip4/127.0.0.1/tcp/0"], insecure=True)
@@ -613,7 +613,7 @@ def test_the_join_command_carries_the_limits() -> None:
 def test_cpu_threads_set_torchs_threads_and_a_gpu_fraction_is_ignored_on_the_cpu() -> None:
     import torch
 
-    from swarmhub.worker.joining import apply_resource_limits
+    from swarmhub.worker.join.prepare import apply_resource_limits
 
     before = torch.get_num_threads()
     try:
@@ -629,7 +629,7 @@ def test_cpu_threads_set_torchs_threads_and_a_gpu_fraction_is_ignored_on_the_cpu
 def test_the_gpu_memory_fraction_caps_what_training_may_allocate() -> None:
     import torch
 
-    from swarmhub.worker.joining import apply_resource_limits
+    from swarmhub.worker.join.prepare import apply_resource_limits
 
     device = torch.device("cuda", 0)
     total = torch.cuda.get_device_properties(device).total_memory

@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from swarmhub.server.app import create_app
-from swarmhub.server.ratelimit import LIMITS
-from swarmhub.server.settings import Settings
+from swarmhub.server.core.settings import Settings
+from swarmhub.server.http.ratelimit import LIMITS
 
 from .conftest import PASSWORD, csrf_from, free_port, make_user
 

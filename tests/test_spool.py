@@ -10,12 +10,13 @@ import time
 
 from sqlalchemy import select
 
-from swarmhub.server import accounts, experiments
+from swarmhub.common.protocol import MetricReport
+from swarmhub.server import experiments
+from swarmhub.server.accounts import users as accounts
 from swarmhub.server.app import create_app
 from swarmhub.server.models import MetricPoint
-from swarmhub.worker.protocol import MetricReport
-from swarmhub.worker.reporter import Reporter
-from swarmhub.worker.spool import Spool, leftovers
+from swarmhub.worker.join.reporter import Reporter
+from swarmhub.worker.join.spool import Spool, leftovers
 
 from .conftest import LiveServer, free_port, make_experiment, make_user
 
@@ -50,9 +51,9 @@ def test_spool_keeps_unacked_reports_in_order_and_is_bounded(tmp_path, caplog):
 CRASHING_WORKER = """
 import os, sys
 from pathlib import Path
-from swarmhub.worker.protocol import MetricReport
-from swarmhub.worker.reporter import Reporter
-from swarmhub.worker.spool import Spool
+from swarmhub.common.protocol import MetricReport
+from swarmhub.worker.join.reporter import Reporter
+from swarmhub.worker.join.spool import Spool
 
 url, token, folder, worker_id = sys.argv[1:5]
 reporter = Reporter(url, token, open_timeout=1.0, spool=Spool(Path(folder), worker_id)).start()

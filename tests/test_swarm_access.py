@@ -15,7 +15,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarmhub.worker import swarm_access
+from swarmhub.worker.swarm import access as swarm_access
 
 from .swarm_processes import LineReader, kill_all, make_join, tagged_env, wait_gone
 
@@ -177,7 +177,7 @@ import hivemind
 from hivemind.proto import crypto_pb2
 from hivemind.utils.timed_storage import get_dht_time
 from hivemind.utils.crypto import RSAPrivateKey
-from swarmhub.worker import swarm_access
+from swarmhub.worker.swarm import access as swarm_access
 
 maddrs, run_id, signing_text, cases = json.loads(sys.argv[1])
 signing = swarm_access.signing_key_from_text(signing_text)
@@ -234,8 +234,8 @@ def try_to_enter(maddrs: list[str], run_id: str, key_text: str, cases: list[str]
 HONEST = """
 import json, logging, os, re, signal, sys, threading
 from pathlib import Path
-from swarmhub.worker.protocol import JoinResponse
-from swarmhub.worker.training import OPTIMIZER_LOGGER, train
+from swarmhub.common.protocol import JoinResponse
+from swarmhub.worker.training.peer import OPTIMIZER_LOGGER, train
 
 join = JoinResponse.model_validate_json(sys.argv[1])
 deny_file = Path(sys.argv[3])
@@ -277,7 +277,7 @@ from hivemind.utils.asyncio import as_aiter
 from hivemind.utils.timed_storage import get_dht_time
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils.crypto import RSAPrivateKey
-from swarmhub.worker import swarm_access
+from swarmhub.worker.swarm import access as swarm_access
 
 maddrs, peer_id, bootstrap, run_id, signing_text, admitted = json.loads(sys.argv[1])
 signing = swarm_access.signing_key_from_text(signing_text)
@@ -432,7 +432,7 @@ import hivemind
 from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
-from swarmhub.worker import swarm_access
+from swarmhub.worker.swarm import access as swarm_access
 
 run_id = "swarmhub-answers-1"
 signing = swarm_access.SigningKey.generate()
@@ -509,7 +509,7 @@ from pathlib import Path
 import hivemind
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.timed_storage import get_dht_time
-from swarmhub.worker import swarm_access
+from swarmhub.worker.swarm import access as swarm_access
 
 maddrs, run_id, signing_text, username = json.loads(sys.argv[1])
 signing = swarm_access.signing_key_from_text(signing_text)

@@ -15,9 +15,9 @@ import time
 import httpx
 import pytest
 
-from swarmhub.server import leases
 from swarmhub.server.app import create_app
 from swarmhub.server.services import services
+from swarmhub.server.swarm import leases
 
 from .conftest import LiveServer, free_port, make_experiment, make_user
 
@@ -62,7 +62,7 @@ def test_one_replica_hosts_a_swarm_and_another_takes_over_when_it_dies(db, setti
     }
     log = open(tmp_path / "replica-a.log", "wb")  # noqa: SIM115
     replica_a = subprocess.Popen(
-        [sys.executable, "-m", "swarmhub.worker.cli", "server", "--port", str(port)],
+        [sys.executable, "-m", "swarmhub.worker.cli.main", "server", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -187,7 +187,7 @@ def test_a_replica_whose_clock_runs_ahead_takes_no_live_lease(db, settings, tmp_
         }
         log = open(tmp_path / "replica-b.log", "wb")  # noqa: SIM115
         replica_b = subprocess.Popen(
-            [faketime, "-f", "+120s", sys.executable, "-m", "swarmhub.worker.cli", "server", "--port", str(port)],
+            [faketime, "-f", "+120s", sys.executable, "-m", "swarmhub.worker.cli.main", "server", "--port", str(port)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -20,9 +20,9 @@ from hivemind.utils.crypto import RSAPrivateKey
 from pydantic import ValidationError
 
 from swarmhub.server.app import create_app
-from swarmhub.server.settings import Settings
+from swarmhub.server.core.settings import Settings
 from swarmhub.server.swarm import SwarmHost
-from swarmhub.worker import swarm_access
+from swarmhub.worker.swarm import access as swarm_access
 
 from .conftest import api_token, free_port, make_experiment, make_user
 from .swarm_processes import TAG, kill_all, wait_gone
@@ -128,7 +128,7 @@ def test_the_server_does_not_start_with_a_bad_port_range(tmp_path: Path) -> None
         "SWARMHUB_SWARM_PORTS": "5-3",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "swarmhub.worker.cli", "server", "--port", str(free_port())],
+        [sys.executable, "-m", "swarmhub.worker.cli.main", "server", "--port", str(free_port())],
         env=env,
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
 """Replay: a captured DHT request is served only on a connection of the peer whose token it carries.
 
-A DHT request carries its sender's access token and no signature (``swarmhub.worker.dht_auth``): the serving peer
+A DHT request carries its sender's access token and no signature (``swarmhub.worker.swarm.dht_auth``): the serving peer
 serves it when the token's key is the one the libp2p connection it came on was authenticated with. A refused call
 gets no response (the servicer's wrapper returns None and the caller sees a handler error, which ``DHTProtocol``
 treats as "no answer"). The rogue below is a real process on 127.0.0.1 that holds a captured request: it sends it
@@ -28,8 +28,8 @@ import asyncio, json, sys
 from pathlib import Path
 from hivemind.p2p import P2P, P2PHandlerError, PeerID
 from hivemind.proto import dht_pb2
-from swarmhub.worker import swarm_access
-from swarmhub.worker.protocol import JoinResponse
+from swarmhub.worker.swarm import access as swarm_access
+from swarmhub.common.protocol import JoinResponse
 
 join = JoinResponse.model_validate_json(sys.argv[1])
 identity = Path(sys.argv[2])

@@ -15,12 +15,14 @@ from sqlalchemy import select, update
 from starlette.testclient import TestClient
 
 from swarmhub import __version__
-from swarmhub.server import experiments, swarm_view, witnessed
+from swarmhub.common import tokens as swarm_tokens
+from swarmhub.common.protocol import JoinRequest, PeerRole, Precision
+from swarmhub.server import experiments
 from swarmhub.server.app import create_app
+from swarmhub.server.ledger import witnessed
+from swarmhub.server.metrics import swarm_view
 from swarmhub.server.models import Experiment, SwarmLease, User, WorkerRun, utcnow
-from swarmhub.worker import swarm_tokens
 from swarmhub.worker.client import ApiClient
-from swarmhub.worker.protocol import JoinRequest, PeerRole, Precision
 
 from .conftest import LiveServer, api_token, login, make_experiment, make_user
 from .support import observe, report, witness

@@ -23,7 +23,7 @@ def test_unknown_task_lists_the_installed_ones() -> None:
 
 
 def test_a_worker_without_the_task_says_what_to_install() -> None:
-    from swarmhub.worker.training import load_task
+    from swarmhub.worker.training.peer import load_task
 
     with pytest.raises(WorkerError) as missing:
         load_task("no-such-task", {})
@@ -57,7 +57,7 @@ def test_batches_are_endless_and_seeded() -> None:
 def test_every_peer_of_a_run_starts_from_the_same_model() -> None:
     """Peers that join a run together build identical initial weights (seeded from the run ID), another run's
     differ, and the caller's random state is left as it was."""
-    from swarmhub.worker.training import initial_model
+    from swarmhub.worker.training.peer import initial_model
 
     task = DigitsTask({"hidden_size": 32})
     torch.manual_seed(7)

@@ -13,12 +13,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from swarmhub.server import training_data
+from swarmhub.server.corpus import training_data
+from swarmhub.server.live.snapshots import dashboard_snapshot
 from swarmhub.server.models import Corpus, Experiment
-from swarmhub.server.snapshots import dashboard_snapshot
-from swarmhub.worker.data import LocalCorpus
 from swarmhub.worker.tasks import available_tasks, get_task
 from swarmhub.worker.tasks.albert import AlbertMLMTask
+from swarmhub.worker.tasks.data import LocalCorpus
 from swarmhub.worker.tasks.unigram import token_counts, unigram_baseline
 
 from .conftest import DOCSTRING_BYTES, api_token, csrf_from, login, make_experiment, make_user
@@ -398,7 +398,7 @@ def test_the_demo_seeds_an_albert_experiment_ready_to_train(tmp_path):
     digits one waits as a draft, and the two volunteers' tokens work."""
     from swarmhub.server.app import create_app
     from swarmhub.server.cli import _seed_demo
-    from swarmhub.server.settings import Settings
+    from swarmhub.server.core.settings import Settings
 
     demo = Settings(environment="test", data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'demo.db'}")
     password, tokens = _seed_demo(demo)
@@ -422,7 +422,7 @@ def test_the_digits_demo_starts_only_the_digits_experiment_and_trains_no_tokeniz
     text prepared, so no tokenizer is trained and no swarm of it takes the workers' cores."""
     from swarmhub.server.app import create_app
     from swarmhub.server.cli import _seed_demo
-    from swarmhub.server.settings import Settings
+    from swarmhub.server.core.settings import Settings
 
     demo = Settings(environment="test", data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'demo.db'}")
     password, _ = _seed_demo(demo, "demo-digits")

@@ -23,8 +23,8 @@ STEPS = 30  # per worker: about 10 swarm epochs
 TRAIN_SCRIPT = """
 import dataclasses, json, sys
 from pathlib import Path
-from swarmhub.worker.protocol import JoinResponse
-from swarmhub.worker.training import train
+from swarmhub.common.protocol import JoinResponse
+from swarmhub.worker.training.peer import train
 
 join = JoinResponse.model_validate_json(sys.argv[1])
 
@@ -42,8 +42,8 @@ print(json.dumps({"event": "summary", "steps": s.steps, "epoch": s.epoch, "first
 SESSION_SCRIPT = """
 import sys
 from pathlib import Path
-from swarmhub.worker.session import run_session
-from swarmhub.worker.protocol import JoinResponse
+from swarmhub.worker.join.session import run_session
+from swarmhub.common.protocol import JoinResponse
 
 join = JoinResponse.model_validate_json(sys.argv[1])
 code = run_session(join, device="cpu", listen_maddrs=["/ip4/127.0.0.1/tcp/0"], log_path=Path(sys.argv[2]),

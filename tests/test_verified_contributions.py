@@ -12,7 +12,8 @@ from datetime import timedelta
 
 import pytest
 
-from swarmhub.server import contributions, experiments, metrics, witnessed
+from swarmhub.server import experiments, metrics
+from swarmhub.server.ledger import contributions, witnessed
 from swarmhub.server.models import utcnow
 
 from .conftest import api_token, make_experiment, make_user
@@ -29,7 +30,7 @@ from hivemind.dht.schema import RSASignatureValidator, SchemaValidator
 from hivemind.optim.progress_tracker import LocalTrainingProgress, TrainingProgressSchema
 from hivemind.p2p import PeerID
 from hivemind.utils.timed_storage import get_dht_time
-from swarmhub.worker import swarm_access
+from swarmhub.worker.swarm import access as swarm_access
 
 maddrs, run_id, signing_text, username, epoch, samples, claim, roster = json.loads(sys.argv[1])
 signing = swarm_access.signing_key_from_text(signing_text)

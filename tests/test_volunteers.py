@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from swarmhub.server import contributions, experiments
+from swarmhub.server import experiments
 from swarmhub.server.app import create_app
+from swarmhub.server.ledger import contributions
 from swarmhub.server.models import RoundCredit, User, utcnow
 
 from .conftest import LiveServer, api_token, csrf_from, login, make_experiment, make_user

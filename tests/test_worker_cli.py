@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from swarmhub.worker import errors, session
-from swarmhub.worker.training import Progress
+from swarmhub.worker import errors
+from swarmhub.worker.join import session
+from swarmhub.worker.training.peer import Progress
 
 SERVER_STACK = ("fastapi", "sqlalchemy", "starlette", "alembic", "jinja2")
 
@@ -30,10 +31,10 @@ class Missing(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, Missing())
-for module in ["swarmhub.worker.cli", *filter(None, sys.argv[2].split(","))]:
+for module in ["swarmhub.worker.cli.main", *filter(None, sys.argv[2].split(","))]:
     importlib.import_module(module)
 assert not [name for name in sys.modules if any(name == b or name.startswith(b + ".") for b in blocked)]
-sys.modules["swarmhub.worker.cli"].main(sys.argv[3:], prog_name="swarmhub")
+sys.modules["swarmhub.worker.cli.main"].main(sys.argv[3:], prog_name="swarmhub")
 """
 
 
@@ -44,9 +45,9 @@ def without(blocked: tuple[str, ...], *args: str, imports: tuple[str, ...] = ())
 
 def test_the_base_install_runs_without_the_server_stack():
     imports = (  # what `join` loads
-        "swarmhub.worker.training",
-        "swarmhub.worker.reporter",
-        "swarmhub.worker.doctor",
+        "swarmhub.worker.training.peer",
+        "swarmhub.worker.join.reporter",
+        "swarmhub.worker.join.doctor",
         "swarmhub.worker.tasks.digits",
     )
     done = without((*SERVER_STACK, "swarmhub.server"), "--help", imports=imports)
@@ -148,7 +149,7 @@ def test_ctrl_c_while_the_command_loads_ends_it_with_one_line_and_exit_130():
         "import runpy, sys\n"
         "print('python is up', flush=True)\n"  # the interpreter's own start-up is not swarmhub's to handle
         "sys.argv = ['swarmhub', '--version']\n"
-        "runpy.run_module('swarmhub.worker.cli', run_name='__main__')\n"
+        "runpy.run_module('swarmhub.worker.cli.main', run_name='__main__')\n"
     )
     # Ctrl-C's default disposition, whatever the suite inherited (a background job starts with SIGINT ignored)
     process = subprocess.Popen(

@@ -25,15 +25,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from swarmhub.common.protocol import SWARM_PROTOCOL
 from swarmhub.worker.client import ApiClient, ExitCode, WorkerError
-from swarmhub.worker.data import RemoteCorpus
-from swarmhub.worker.protocol import SWARM_PROTOCOL
-from swarmhub.worker.safe_paths import UnsafePath, confined, file_name_problem, write_file
+from swarmhub.worker.tasks.data import RemoteCorpus
+from swarmhub.worker.tasks.safe_paths import UnsafePath, confined, file_name_problem, write_file
 from swarmhub.worker.transport import on_this_machine, require_encryption
 
 from .conftest import LiveServer
 
-SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli"]
+SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli.main"]
 SLUG = "hostile-run"
 TEXT_SHA = hashlib.sha256(b"the corpus").hexdigest()
 PAYLOAD = b"written by the server"  # every file it serves: it matches the manifest, so only confinement stops it
@@ -270,7 +270,7 @@ def refuse(host, port, *args, **kwargs):
         log.write(f"{host} {port}\\n")
     raise socket.gaierror(socket.EAI_NONAME, "no network in this test")
 socket.getaddrinfo = refuse
-from swarmhub.worker.cli import main
+from swarmhub.worker.cli.main import main
 main(sys.argv[1:], prog_name="swarmhub")
 """
 

@@ -1,4 +1,4 @@
-"""The worker's side of the corpus (``swarmhub.worker.data``) against the real server routes: files download
+"""The worker's side of the corpus (``swarmhub.worker.tasks.data``) against the real server routes: files download
 once and are checked against the manifest, a cache file that went bad is fetched again, a file the server
 garbles is refused, and shards come in the server's turn order (the worker's own order when it cannot ask)."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swarmhub.server import corpus
-from swarmhub.worker.data import CorpusUnavailable, LocalCorpus, RemoteCorpus, load_sequences, sha256_of
+from swarmhub.server.corpus import text as corpus
+from swarmhub.worker.tasks.data import CorpusUnavailable, LocalCorpus, RemoteCorpus, load_sequences, sha256_of
 
 from .conftest import api_token, make_experiment, make_user
 

@@ -29,42 +29,9 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from .. import __version__
-from .choice import JoinableExperiment
-from .errors import (
-    MAX_CLOCK_SKEW_SECONDS as MAX_CLOCK_SKEW_SECONDS,
-)
-from .errors import (
-    ExitCode as ExitCode,
-)
-from .errors import (
-    WorkerError as WorkerError,
-)
-from .errors import (
-    check_clock as check_clock,
-)
-from .errors import (
-    normalize_server_url as normalize_server_url,
-)
-from .errors import (
-    not_accepting as not_accepting,
-)
-from .errors import (
-    not_logged_in as not_logged_in,
-)
-from .errors import (
-    removed as removed,
-)
-from .errors import (
-    token_rejected as token_rejected,
-)
-from .errors import (
-    unknown_experiment as unknown_experiment,
-)
-from .errors import (
-    upgrade_required as upgrade_required,
-)
-from .protocol import (
+from swarmhub import __version__
+from swarmhub.common.choice import JoinableExperiment
+from swarmhub.common.protocol import (
     JOIN_REPORT_FIELDS,
     DenyListPublic,
     DeviceCode,
@@ -82,6 +49,17 @@ from .protocol import (
     UploadResult,
     WorkerInstall,
 )
+from swarmhub.worker.errors import MAX_CLOCK_SKEW_SECONDS as MAX_CLOCK_SKEW_SECONDS
+from swarmhub.worker.errors import ExitCode as ExitCode
+from swarmhub.worker.errors import WorkerError as WorkerError
+from swarmhub.worker.errors import check_clock as check_clock
+from swarmhub.worker.errors import normalize_server_url as normalize_server_url
+from swarmhub.worker.errors import not_accepting as not_accepting
+from swarmhub.worker.errors import not_logged_in as not_logged_in
+from swarmhub.worker.errors import removed as removed
+from swarmhub.worker.errors import token_rejected as token_rejected
+from swarmhub.worker.errors import unknown_experiment as unknown_experiment
+from swarmhub.worker.errors import upgrade_required as upgrade_required
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from .settings import WorkerSettings
+from swarmhub.worker.settings import WorkerSettings
 
 FILE_NAME = "credentials.json"
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from .client import ExitCode, WorkerError, normalize_server_url
+from swarmhub.worker.client import ExitCode, WorkerError, normalize_server_url
 
 insecure_option = click.option(
     "--insecure",

@@ -50,7 +50,7 @@ import torch
 
 import swarmhub
 from swarmhub.server.app import create_app  # noqa: F401 - the server imports
-from swarmhub.worker.training import resolve_device, resolve_precision
+from swarmhub.worker.training.peer import resolve_device, resolve_precision
 
 device = resolve_device(sys.argv[1])
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, hivemind {hivemind.__version__}, "

@@ -1,16 +1,22 @@
 """Experiments: create, edit, move through draft -> running -> paused -> finished, list, join. The fields as the
 API takes and shows them (:mod:`.schemas`), the experiments themselves (:mod:`.lifecycle`), who takes part
 (:mod:`.membership`), what a volunteer may join now, most needed first (:mod:`.joinable`), joining one
-(:mod:`.joining`) and their peers' swarm tokens (:mod:`.admission`); their public names are reachable here, as
-``experiments.X``."""
+(:mod:`.joining`), their peers' swarm tokens (:mod:`.admission`) and rolling a swarm back to a kept checkpoint
+(:mod:`.rollback`); the public names of all but the last are reachable here, as ``experiments.X``."""
 
 from __future__ import annotations
 
-from ..models import Experiment  # callers name the model as experiments.Experiment
-from .admission import MIN_PEER_KEY_BITS, PeerKey, check_peer_key, experiment_public_key, peer_key, swarm_token
-from .joinable import joinable
-from .joining import join
-from .lifecycle import (
+from swarmhub.server.experiments.admission import (
+    MIN_PEER_KEY_BITS,
+    PeerKey,
+    check_peer_key,
+    experiment_public_key,
+    peer_key,
+    swarm_token,
+)
+from swarmhub.server.experiments.joinable import joinable
+from swarmhub.server.experiments.joining import join
+from swarmhub.server.experiments.lifecycle import (
     PUBLIC,
     TRANSITIONS,
     by_run_id,
@@ -28,7 +34,7 @@ from .lifecycle import (
     running,
     update,
 )
-from .membership import (
+from swarmhub.server.experiments.membership import (
     accept_invite,
     ban,
     banned_usernames,
@@ -39,7 +45,7 @@ from .membership import (
     start_worker_run,
     unban,
 )
-from .schemas import (
+from swarmhub.server.experiments.schemas import (
     DEFAULT_MAX_PEERS_PER_VOLUNTEER,
     PROPOSED_FIELDS,
     TRAINING_FIELDS,
@@ -53,6 +59,7 @@ from .schemas import (
     to_config,
     to_public,
 )
+from swarmhub.server.models import Experiment  # callers name the model as experiments.Experiment
 
 __all__ = [
     "join",

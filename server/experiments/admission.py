@@ -16,13 +16,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from swarmhub.worker import swarm_tokens
-from swarmhub.worker.protocol import ExperimentStatus, SwarmToken
-
-from ..errors import BadRequest, Conflict, TooManyRequests
-from ..models import Experiment, SwarmPeerKey, User, utcnow
-from .lifecycle import run_id
-from .membership import check_may_join
+from swarmhub.common import tokens as swarm_tokens
+from swarmhub.common.protocol import ExperimentStatus, SwarmToken
+from swarmhub.server.core.errors import BadRequest, Conflict, TooManyRequests
+from swarmhub.server.experiments.lifecycle import run_id
+from swarmhub.server.experiments.membership import check_may_join
+from swarmhub.server.models import Experiment, SwarmPeerKey, User, utcnow
 
 # hivemind's own peer identities are RSA-2048; a shorter key is within reach of factoring, and whoever factors a
 # volunteer's key can act as that peer with the token the server signed for it.

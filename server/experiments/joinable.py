@@ -5,7 +5,7 @@ Whether the volunteer may join is the join route's own check (:func:`.membership
 removed, invited or listed where the experiment asks for it), applied to every running experiment, so the list never
 offers what the join would refuse. An experiment in which the volunteer already holds valid swarm tokens for as many
 peer keys as its organizer allows (``max_peers_per_volunteer``) is left out too: a new peer of theirs would be refused
-(429) until one of those tokens expires. How much each needs peers is :func:`swarmhub.worker.choice.need` of its peers
+(429) until one of those tokens expires. How much each needs peers is :func:`swarmhub.common.choice.need` of its peers
 online: the worker runs that reported within the active window, as ``/api/hub`` counts volunteers online.
 """
 
@@ -16,14 +16,13 @@ from datetime import timedelta
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
-from swarmhub.worker.choice import JoinableExperiment, by_need, need
-
-from ..errors import AppError
-from ..metrics.common import current_time
-from ..models import User, WorkerRun
-from .admission import peers_held
-from .lifecycle import running
-from .membership import check_joinable
+from swarmhub.common.choice import JoinableExperiment, by_need, need
+from swarmhub.server.core.errors import AppError
+from swarmhub.server.experiments.admission import peers_held
+from swarmhub.server.experiments.lifecycle import running
+from swarmhub.server.experiments.membership import check_joinable
+from swarmhub.server.metrics.common import current_time
+from swarmhub.server.models import User, WorkerRun
 
 
 def joinable(session: Session, user: User, window_seconds: int) -> list[JoinableExperiment]:

@@ -16,15 +16,14 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
-from swarmhub.worker.protocol import MIN_WORKER_VERSION, SWARM_PROTOCOL, JoinRequest, JoinResponse
-
-from .. import leases
-from ..errors import Unavailable, UpgradeRequired
-from ..models import Experiment, User
-from .admission import check_peer_key, experiment_public_key, swarm_token
-from .lifecycle import needs_corpus, run_id
-from .membership import check_joinable, start_worker_run
-from .schemas import to_config
+from swarmhub.common.protocol import MIN_WORKER_VERSION, SWARM_PROTOCOL, JoinRequest, JoinResponse
+from swarmhub.server.core.errors import Unavailable, UpgradeRequired
+from swarmhub.server.experiments.admission import check_peer_key, experiment_public_key, swarm_token
+from swarmhub.server.experiments.lifecycle import needs_corpus, run_id
+from swarmhub.server.experiments.membership import check_joinable, start_worker_run
+from swarmhub.server.experiments.schemas import to_config
+from swarmhub.server.models import Experiment, User
+from swarmhub.server.swarm import leases
 
 
 def join(

@@ -8,13 +8,12 @@ import secrets
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from swarmhub.worker import swarm_tokens
-from swarmhub.worker.protocol import ExperimentStatus
+from swarmhub.common import tokens as swarm_tokens
+from swarmhub.common.protocol import ExperimentStatus
+from swarmhub.server.core.errors import Conflict, Forbidden, NotFound
+from swarmhub.server.experiments.schemas import TRAINING_FIELDS, ExperimentCreate, ExperimentFields, ExperimentUpdate
+from swarmhub.server.models import Corpus, Experiment, User, VolunteerTotal
 from swarmhub.worker.tasks import UnknownTask, get_task
-
-from ..errors import Conflict, Forbidden, NotFound
-from ..models import Corpus, Experiment, User, VolunteerTotal
-from .schemas import TRAINING_FIELDS, ExperimentCreate, ExperimentFields, ExperimentUpdate
 
 # Which status an action moves an experiment to, and from which statuses it may.
 TRANSITIONS: dict[str, tuple[set[ExperimentStatus], ExperimentStatus]] = {

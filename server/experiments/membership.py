@@ -9,13 +9,12 @@ import uuid
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from swarmhub.worker.protocol import ExperimentStatus
-
-from ..accounts import user_named
-from ..errors import Conflict, Forbidden, NotFound, Removed
-from ..models import Experiment, ExperimentBan, ExperimentMember, User, WorkerRun
-from .lifecycle import can_manage, experiment_by_slug
-from .schemas import JoinPolicy
+from swarmhub.common.protocol import ExperimentStatus
+from swarmhub.server.accounts.users import user_named
+from swarmhub.server.core.errors import Conflict, Forbidden, NotFound, Removed
+from swarmhub.server.experiments.lifecycle import can_manage, experiment_by_slug
+from swarmhub.server.experiments.schemas import JoinPolicy
+from swarmhub.server.models import Experiment, ExperimentBan, ExperimentMember, User, WorkerRun
 
 
 def check_joinable(session: Session, experiment: Experiment, user: User) -> None:

@@ -18,19 +18,12 @@ from pydantic import (
     model_validator,
 )
 
-from swarmhub.worker.proposal import SettingsProposal, swarm_rate_cap, unthrottled_batch
-from swarmhub.worker.protocol import (
-    SLUG_RE,
-    ExperimentConfig,
-    ExperimentStatus,
-    ExperimentSummary,
-    TrainingSettings,
-)
+from swarmhub.common.proposal import SettingsProposal, swarm_rate_cap, unthrottled_batch
+from swarmhub.common.protocol import SLUG_RE, ExperimentConfig, ExperimentStatus, ExperimentSummary, TrainingSettings
+from swarmhub.server.accounts.users import USERNAME_RE
+from swarmhub.server.core.security import StoredText
+from swarmhub.server.models import Experiment
 from swarmhub.worker.tasks import UnknownTask, get_task
-
-from ..accounts import USERNAME_RE
-from ..models import Experiment
-from ..security import StoredText
 
 TRAINING_FIELDS = tuple(TrainingSettings.model_fields)
 DEFAULT_MAX_PEERS_PER_VOLUNTEER = 4

@@ -4,8 +4,8 @@ and the summary and loss/throughput series (:mod:`.dashboard`). Their public nam
 
 from __future__ import annotations
 
-from . import clock as clock
-from .board import (
+from swarmhub.server.metrics import clock as clock
+from swarmhub.server.metrics.board import (
     CLAIM_SLACK,
     KEYS_ONLY_FROM,
     LEADERBOARD_LIMIT,
@@ -21,9 +21,17 @@ from .board import (
     leaderboard,
     leaderboard_page,
 )
-from .common import BUCKET_WIDTHS, among, device_class
-from .dashboard import SERIES_POINTS, Baseline, MetricsPublic, SeriesPoint, Summary, series, summary
-from .store import ingest, ingest_many
+from swarmhub.server.metrics.common import BUCKET_WIDTHS, among, device_class
+from swarmhub.server.metrics.dashboard import (
+    SERIES_POINTS,
+    Baseline,
+    MetricsPublic,
+    SeriesPoint,
+    Summary,
+    series,
+    summary,
+)
+from swarmhub.server.metrics.store import ingest, ingest_many
 
 __all__ = [
     "BUCKET_WIDTHS",

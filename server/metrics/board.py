@@ -14,11 +14,19 @@ from sqlalchemy import BigInteger, Integer, Row, Select, Text, and_, bindparam, 
 from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
-from .. import contributions, milestones, volunteers
-from ..errors import BadRequest
-from ..models import Experiment
-from ..security import StoredText
-from .common import RUNS_TABLE, TOTALS_TABLE, USERS_TABLE, VOLUNTEERS_TABLE, active_since, share_of
+from swarmhub.server.community import volunteers
+from swarmhub.server.core.errors import BadRequest
+from swarmhub.server.core.security import StoredText
+from swarmhub.server.ledger import contributions, milestones
+from swarmhub.server.metrics.common import (
+    RUNS_TABLE,
+    TOTALS_TABLE,
+    USERS_TABLE,
+    VOLUNTEERS_TABLE,
+    active_since,
+    share_of,
+)
+from swarmhub.server.models import Experiment
 
 # A claim is implausible when it is this far above what the swarm's signed records show.
 CLAIM_SLACK = 0.25  # claimed samples over verified + pending, beyond the reporting lag

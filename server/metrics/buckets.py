@@ -9,10 +9,9 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-from swarmhub.worker.protocol import MetricReport
-
-from ..models import MetricBucket
-from .common import BUCKET_WIDTHS, BUCKETS_TABLE
+from swarmhub.common.protocol import MetricReport
+from swarmhub.server.metrics.common import BUCKET_WIDTHS, BUCKETS_TABLE
+from swarmhub.server.models import MetricBucket
 
 
 class RunCounts(Protocol):

@@ -4,6 +4,6 @@ dashboard's series, the leaderboard's activity window, the swarm view, the hub's
 
 from __future__ import annotations
 
-from .. import models
+from swarmhub.server import models
 
 utcnow = models.utcnow

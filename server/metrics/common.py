@@ -9,8 +9,8 @@ from typing import Any, cast
 from sqlalchemy import Table, any_, bindparam
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from ..models import ExperimentTotal, MetricBucket, MetricPoint, User, VolunteerTotal, WorkerRun
-from . import clock
+from swarmhub.server.metrics import clock
+from swarmhub.server.models import ExperimentTotal, MetricBucket, MetricPoint, User, VolunteerTotal, WorkerRun
 
 # The series' resolutions in seconds, finest first: 300 buckets show 50 minutes, or 25 hours.
 BUCKET_WIDTHS = (10, 300)

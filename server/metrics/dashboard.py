@@ -10,8 +10,15 @@ from pydantic import BaseModel, Field
 from sqlalchemy import BigInteger, Integer, Select, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from ..models import Experiment
-from .common import BUCKET_WIDTHS, BUCKETS_TABLE, RUNS_TABLE, TOTALS_TABLE, active_since, current_time
+from swarmhub.server.metrics.common import (
+    BUCKET_WIDTHS,
+    BUCKETS_TABLE,
+    RUNS_TABLE,
+    TOTALS_TABLE,
+    active_since,
+    current_time,
+)
+from swarmhub.server.models import Experiment
 
 SERIES_POINTS = 300  # at most this many buckets per series
 

@@ -26,11 +26,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from swarmhub.worker.protocol import MetricReport
-
-from ..models import ExperimentTotal, User, VolunteerTotal, WorkerRun
-from .buckets import Buckets
-from .common import (
+from swarmhub.common.protocol import MetricReport
+from swarmhub.server.metrics.buckets import Buckets
+from swarmhub.server.metrics.common import (
     POINTS_TABLE,
     RUNS_TABLE,
     TOTALS_TABLE,
@@ -39,6 +37,7 @@ from .common import (
     current_time,
     device_class,
 )
+from swarmhub.server.models import ExperimentTotal, User, VolunteerTotal, WorkerRun
 
 _RUN_COLUMNS = ("last_seen_at", "last_stored_at", "samples", "epoch", "loss", "samples_per_second", "last_seq")
 _VOLUNTEER_COLUMNS = ("claimed_samples", "peak_claimed_samples_per_second", "device_classes", "last_report_at")

@@ -5,14 +5,22 @@ names sort in the order their tables are defined (accounts, experiments, reports
 ``Base.metadata`` lists the tables in that order.
 """
 
-from .accounts import ApiToken, DeviceAuthorization, User, WebSession
-from .base import NAMING, Base, UTCDateTime, utcnow
-from .experiments import Experiment, ExperimentBan, ExperimentMember
-from .reports import MetricPoint, WorkerRun
-from .swarm import PeerEpoch, RoundCredit, SwarmFlag, SwarmLease, SwarmPeer, SwarmPeerKey, WitnessedRound
-from .teams import Team, TeamMember
-from .totals import ExperimentTotal, MetricBucket, VolunteerTotal
-from .training import Checkpoint, Corpus
+from swarmhub.server.models.accounts import ApiToken, DeviceAuthorization, User, WebSession
+from swarmhub.server.models.base import NAMING, Base, UTCDateTime, utcnow
+from swarmhub.server.models.experiments import Experiment, ExperimentBan, ExperimentMember
+from swarmhub.server.models.reports import MetricPoint, WorkerRun
+from swarmhub.server.models.swarm import (
+    PeerEpoch,
+    RoundCredit,
+    SwarmFlag,
+    SwarmLease,
+    SwarmPeer,
+    SwarmPeerKey,
+    WitnessedRound,
+)
+from swarmhub.server.models.teams import Team, TeamMember
+from swarmhub.server.models.totals import ExperimentTotal, MetricBucket, VolunteerTotal
+from swarmhub.server.models.training import Checkpoint, Corpus
 
 __all__ = [
     "NAMING",

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, Integer, String, false, func, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from .base import Base, UTCDateTime, utcnow
+from swarmhub.server.models.base import Base, UTCDateTime, utcnow
 
 
 class User(Base):

@@ -8,8 +8,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from .accounts import User
-from .base import Base, UTCDateTime, utcnow
+from swarmhub.server.models.accounts import User
+from swarmhub.server.models.base import Base, UTCDateTime, utcnow
 
 
 class Experiment(Base):

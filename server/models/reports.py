@@ -7,8 +7,8 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from .accounts import User
-from .base import Base, UTCDateTime, utcnow
+from swarmhub.server.models.accounts import User
+from swarmhub.server.models.base import Base, UTCDateTime, utcnow
 
 
 class WorkerRun(Base):

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .base import Base, UTCDateTime, utcnow
+from swarmhub.server.models.base import Base, UTCDateTime, utcnow
 
 
 class SwarmPeerKey(Base):
@@ -53,7 +53,7 @@ class SwarmPeer(Base):
 
 class WitnessedRound(Base):
     """A gradient averaging round that the server's auxiliary peer took part in and saw complete
-    (``worker/witness.py``): with its :class:`RoundCredit` rows, the ledger of verified work."""
+    (``worker/swarm/witness.py``): with its :class:`RoundCredit` rows, the ledger of verified work."""
 
     __tablename__ = "witnessed_rounds"
     __table_args__ = (

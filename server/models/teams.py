@@ -8,8 +8,8 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, String, func, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from .accounts import User
-from .base import Base, UTCDateTime, utcnow
+from swarmhub.server.models.accounts import User
+from swarmhub.server.models.base import Base, UTCDateTime, utcnow
 
 MEMBER = "member"
 ADMIN = "admin"  # may remove members and promote them to admin; the founder may also remove admins

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .base import Base, UTCDateTime
+from swarmhub.server.models.base import Base, UTCDateTime
 
 
 class VolunteerTotal(Base):

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .base import Base, UTCDateTime, utcnow
+from swarmhub.server.models.base import Base, UTCDateTime, utcnow
 
 
 class Corpus(Base):

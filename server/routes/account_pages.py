@@ -10,12 +10,15 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from .. import accounts, device, ratelimit, volunteers
-from ..deps import CSRF, DB, SESSION_COOKIE, AppSettings, PageUser, RequiredPageUser
-from ..errors import AppError
-from ..ratelimit import limited
-from ..views import render
-from .page_helpers import WebSess, form_errors, router, see_other
+from swarmhub.server.accounts import device
+from swarmhub.server.accounts import users as accounts
+from swarmhub.server.community import volunteers
+from swarmhub.server.core.errors import AppError
+from swarmhub.server.http import ratelimit
+from swarmhub.server.http.deps import CSRF, DB, SESSION_COOKIE, AppSettings, PageUser, RequiredPageUser
+from swarmhub.server.http.ratelimit import limited
+from swarmhub.server.http.views import render
+from swarmhub.server.routes.page_helpers import WebSess, form_errors, router, see_other
 
 
 def _safe_next(target: str | None) -> str:

@@ -11,8 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
-from swarmhub.worker.choice import JoinableExperiment
-from swarmhub.worker.protocol import (
+from swarmhub.common.choice import JoinableExperiment
+from swarmhub.common.protocol import (
     DenyListPublic,
     DeviceCode,
     ExperimentSummary,
@@ -23,15 +23,25 @@ from swarmhub.worker.protocol import (
     SwarmTokenRequest,
     TokenResponse,
 )
-
-from .. import accounts, device, experiments, metrics, quotas, swarm_view
-from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, api_token, reconcile_after_commit
-from ..errors import BadRequest, documented
-from ..experiments.joining import check_running_worker
-from ..ratelimit import limited, limited_per_account
-from ..security import StoredText
-from ..services import services
-from ..snapshots import base_url, metrics_public
+from swarmhub.server import experiments, metrics
+from swarmhub.server.accounts import device, quotas
+from swarmhub.server.accounts import users as accounts
+from swarmhub.server.core.errors import BadRequest, documented
+from swarmhub.server.core.security import StoredText
+from swarmhub.server.experiments.joining import check_running_worker
+from swarmhub.server.http.deps import (
+    DB,
+    AppSettings,
+    CurrentUser,
+    OptionalUser,
+    OrganizerUser,
+    api_token,
+    reconcile_after_commit,
+)
+from swarmhub.server.http.ratelimit import limited, limited_per_account
+from swarmhub.server.live.snapshots import base_url, metrics_public
+from swarmhub.server.metrics import swarm_view
+from swarmhub.server.services import services
 
 router = APIRouter(prefix="/api", tags=["api"], responses=documented(400, 401, 403, 404, 409, 429, 503))
 

@@ -10,13 +10,15 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from starlette.datastructures import UploadFile as StarletteUploadFile
 
-from swarmhub.worker.protocol import ShardTurn
-
-from .. import experiments, quotas, rollback, training_data
-from ..deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, reconcile_after_commit
-from ..errors import BadRequest, documented
-from ..models import User
-from ..ratelimit import limited
+from swarmhub.common.protocol import ShardTurn
+from swarmhub.server import experiments
+from swarmhub.server.accounts import quotas
+from swarmhub.server.core.errors import BadRequest, documented
+from swarmhub.server.corpus import training_data
+from swarmhub.server.experiments import rollback
+from swarmhub.server.http.deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, reconcile_after_commit
+from swarmhub.server.http.ratelimit import limited
+from swarmhub.server.models import User
 
 router = APIRouter(prefix="/api", tags=["data"], responses=documented(400, 401, 403, 404, 409, 413, 429))
 # Multipart framing and the form's other fields: an upload's body may be this much over SWARMHUB_CORPUS_MAX_MB.

@@ -11,19 +11,23 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from swarmhub.worker.proposal import DEFAULT_PLANNED_PEERS, swarm_rate_cap, unthrottled_batch
-from swarmhub.worker.protocol import Aggregation, OptimizerName, Overlap, TrainingSettings
+from swarmhub.common.proposal import DEFAULT_PLANNED_PEERS, swarm_rate_cap, unthrottled_batch
+from swarmhub.common.protocol import Aggregation, OptimizerName, Overlap, TrainingSettings
+from swarmhub.server import experiments, teams
+from swarmhub.server.accounts import quotas
+from swarmhub.server.core.errors import AppError
+from swarmhub.server.corpus import training_data
+from swarmhub.server.corpus import upload as corpus_upload
+from swarmhub.server.experiments import rollback
+from swarmhub.server.http.deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser, reconcile_after_commit
+from swarmhub.server.http.ratelimit import limited
+from swarmhub.server.http.views import render
+from swarmhub.server.metrics import swarm_view
+from swarmhub.server.models import Corpus
+from swarmhub.server.routes import data
+from swarmhub.server.routes.page_helpers import WebSess, form_errors, router, see_other
+from swarmhub.server.services import services
 from swarmhub.worker.tasks import available_tasks, get_task
-
-from .. import corpus_upload, experiments, quotas, rollback, swarm_view, teams, training_data
-from ..deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser, reconcile_after_commit
-from ..errors import AppError
-from ..models import Corpus
-from ..ratelimit import limited
-from ..services import services
-from ..views import render
-from . import data
-from .page_helpers import WebSess, form_errors, router, see_other
 
 EXPERIMENT_FIELDS = (
     "title",
@@ -340,7 +344,8 @@ async def change_status(
 
 @router.post("/experiments/{slug}/rollback", dependencies=[CSRF])
 async def roll_back(request: Request, slug: str, session: DB, user: RequiredPageUser) -> Response:
-    """Restore a kept checkpoint as the swarm's state, from the experiment's page (``server/rollback.py``)."""
+    """Restore a kept checkpoint as the swarm's state, from the experiment's page
+    (``server/experiments/rollback.py``)."""
     form = await request.form()
     experiment = experiments.get_managed(session, slug, user)
     try:

@@ -11,14 +11,14 @@ from importlib.resources import files
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 
-from swarmhub.worker.protocol import WorkerInstall
-
-from .. import exports, hub
-from ..deps import DB
-from ..errors import NotFound, Unavailable
-from ..services import services
-from ..snapshots import base_url
-from ..worker_package import install_info
+from swarmhub.common.protocol import WorkerInstall
+from swarmhub.server.community import exports
+from swarmhub.server.community import overview as hub
+from swarmhub.server.core.errors import NotFound, Unavailable
+from swarmhub.server.http.deps import DB
+from swarmhub.server.http.worker_package import install_info
+from swarmhub.server.live.snapshots import base_url
+from swarmhub.server.services import services
 
 router = APIRouter(tags=["hub"])
 

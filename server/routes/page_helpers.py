@@ -10,8 +10,8 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import RedirectResponse
 from pydantic import ValidationError
 
-from ..deps import web_session
-from ..models import WebSession
+from swarmhub.server.http.deps import web_session
+from swarmhub.server.models import WebSession
 
 router = APIRouter(include_in_schema=False)
 WebSess = Annotated[WebSession | None, Depends(web_session)]

@@ -8,7 +8,7 @@ router (``page_helpers.router``) as they are imported: this module imports them 
 
 from __future__ import annotations
 
-from . import account_pages, experiment_pages, team_pages, volunteer_pages
-from .page_helpers import router
+from swarmhub.server.routes import account_pages, experiment_pages, team_pages, volunteer_pages
+from swarmhub.server.routes.page_helpers import router
 
 __all__ = ["account_pages", "experiment_pages", "router", "team_pages", "volunteer_pages"]

@@ -15,11 +15,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from swarmhub.worker.protocol import DialResult, ProbeInfo, ReachabilityRequest, ReachabilityResult, UploadResult
-
-from ..deps import CurrentUser
-from ..errors import TooLarge, documented
-from ..ratelimit import limited_per_account
+from swarmhub.common.protocol import DialResult, ProbeInfo, ReachabilityRequest, ReachabilityResult, UploadResult
+from swarmhub.server.core.errors import TooLarge, documented
+from swarmhub.server.http.deps import CurrentUser
+from swarmhub.server.http.ratelimit import limited_per_account
 
 router = APIRouter(prefix="/api/probe", tags=["probe"], responses=documented(401, 413, 429))
 

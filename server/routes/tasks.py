@@ -9,10 +9,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from swarmhub.worker.proposal import DEFAULT_PLANNED_PEERS, SettingsProposal
+from swarmhub.common.proposal import DEFAULT_PLANNED_PEERS, SettingsProposal
+from swarmhub.server.core.errors import NotFound, documented
 from swarmhub.worker.tasks import UnknownTask, get_task
-
-from ..errors import NotFound, documented
 
 router = APIRouter(prefix="/api", tags=["api"], responses=documented(404))
 

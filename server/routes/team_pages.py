@@ -10,13 +10,14 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from .. import quotas, teams
-from ..deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser
-from ..errors import AppError
-from ..ratelimit import check_account, limited
-from ..views import render
-from .page_helpers import WebSess, form_errors, router, see_other
-from .teams import After, Before, Limit, standings_page
+from swarmhub.server import teams
+from swarmhub.server.accounts import quotas
+from swarmhub.server.core.errors import AppError
+from swarmhub.server.http.deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser
+from swarmhub.server.http.ratelimit import check_account, limited
+from swarmhub.server.http.views import render
+from swarmhub.server.routes.page_helpers import WebSess, form_errors, router, see_other
+from swarmhub.server.routes.teams import After, Before, Limit, standings_page
 
 
 def _list(request: Request, session: DB, user: Any, web: Any, **extra: Any) -> Response:

@@ -10,11 +10,13 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request, Response
 
-from .. import experiments, exports, quotas, teams
-from ..deps import DB, AppSettings, CurrentUser, OptionalUser
-from ..errors import BadRequest, documented
-from ..ratelimit import check_account, limited
-from ..services import services
+from swarmhub.server import experiments, teams
+from swarmhub.server.accounts import quotas
+from swarmhub.server.community import exports
+from swarmhub.server.core.errors import BadRequest, documented
+from swarmhub.server.http.deps import DB, AppSettings, CurrentUser, OptionalUser
+from swarmhub.server.http.ratelimit import check_account, limited
+from swarmhub.server.services import services
 
 router = APIRouter(prefix="/api", tags=["teams"], responses=documented(400, 401, 403, 404, 409, 429))
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import Request
 from fastapi.responses import Response
 
-from .. import volunteers
-from ..deps import DB, PageUser
-from ..views import render
-from .page_helpers import WebSess, router
+from swarmhub.server.community import volunteers
+from swarmhub.server.http.deps import DB, PageUser
+from swarmhub.server.http.views import render
+from swarmhub.server.routes.page_helpers import WebSess, router
 
 
 @router.get("/u/{username}")

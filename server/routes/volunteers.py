@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from .. import exports, volunteers
-from ..deps import DB
-from ..errors import documented
-from ..services import services
+from swarmhub.server.community import exports, volunteers
+from swarmhub.server.core.errors import documented
+from swarmhub.server.http.deps import DB
+from swarmhub.server.services import services
 
 router = APIRouter(prefix="/api", tags=["volunteers"])
 

@@ -23,14 +23,15 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from swarmhub.worker.protocol import MAX_REPORT_BYTES, Ack, MetricReport
-
-from .. import accounts, experiments, ingestion
-from ..errors import AppError, Forbidden
-from ..models import WorkerRun, utcnow
-from ..observability import count_websocket
-from ..services import services
-from ..snapshots import dashboard_snapshot
+from swarmhub.common.protocol import MAX_REPORT_BYTES, Ack, MetricReport
+from swarmhub.server import experiments
+from swarmhub.server.accounts import users as accounts
+from swarmhub.server.core.errors import AppError, Forbidden
+from swarmhub.server.http.observability import count_websocket
+from swarmhub.server.live.snapshots import dashboard_snapshot
+from swarmhub.server.metrics import ingestion
+from swarmhub.server.models import WorkerRun, utcnow
+from swarmhub.server.services import services
 
 router = APIRouter(lifespan=ingestion.writer_lifespan)
 logger = logging.getLogger("swarmhub.ws")

@@ -18,8 +18,8 @@ import logging
 import sys
 from pathlib import Path
 
-from .events import AuxConfig, Ready, Stopped
-from .process import ServerPeerAccess, companion_arguments, emit, run, stop_event
+from swarmhub.server.swarm.events import AuxConfig, Ready, Stopped
+from swarmhub.server.swarm.process import ServerPeerAccess, companion_arguments, emit, run, stop_event
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     stop = stop_event()
 
-    from swarmhub.server.settings import tcp_maddr
-    from swarmhub.worker.data import LocalCorpus
-    from swarmhub.worker.training import train
+    from swarmhub.server.core.settings import tcp_maddr
+    from swarmhub.worker.tasks.data import LocalCorpus
+    from swarmhub.worker.training.peer import train
 
     config = AuxConfig.model_validate_json(Path(args.config).read_text())
     # It computes nothing, but builds the task's model: for a task that trains on a corpus, its shape (vocabulary,

@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .events import Ready
-from .process import emit, run
+from swarmhub.server.swarm.events import Ready
+from swarmhub.server.swarm.process import emit, run
 
 
 class MonitorRoster:
@@ -44,7 +44,7 @@ class MonitorRoster:
     UNKNOWN_SECONDS = 5.0
 
     def __init__(self, experiment_key: Any, run_id: str):
-        from swarmhub.worker import swarm_access
+        from swarmhub.worker.swarm import access as swarm_access
 
         self.guard = swarm_access.RosterGuard(experiment_key, run_id)
         self.run_id = run_id
@@ -60,7 +60,7 @@ class MonitorRoster:
         round senders with the time of their newest round."""
         import time
 
-        from swarmhub.worker import swarm_access
+        from swarmhub.worker.swarm import access as swarm_access
 
         now = time.time()
         live = self._live(now)
@@ -88,8 +88,8 @@ def read_progress(dht: Any, run_id: str, roster: MonitorRoster | None = None) ->
     """
     from hivemind.optim.progress_tracker import LocalTrainingProgress
 
-    from swarmhub.worker import witness
-    from swarmhub.worker.swarm_epoch import owner_peer_id
+    from swarmhub.worker.swarm import witness
+    from swarmhub.worker.swarm.epoch import owner_peer_id
 
     record = dht.get(f"{run_id}_progress", latest=True)
     peers: list[tuple[str | None, LocalTrainingProgress]] = []
@@ -150,7 +150,7 @@ def _senders(item: dict[str, Any]) -> list[Any]:
 
 def _witness_items(record: Any) -> list[tuple[str, list[Any], list[Any]]]:
     """(signer, rounds, flags) of each entry of the witness record, as published (not yet checked)."""
-    from swarmhub.worker.swarm_epoch import owner_peer_id
+    from swarmhub.worker.swarm.epoch import owner_peer_id
 
     if record is None or not isinstance(record.value, dict):
         return []
@@ -174,10 +174,10 @@ def _witness_items(record: Any) -> list[tuple[str, list[Any], list[Any]]]:
 def read_witness(
     published: list[tuple[str, list[Any], list[Any]]], roster: Any, admitted: dict[str, float]
 ) -> tuple[list[Any], list[Any]]:
-    """The rounds and flags that the server's own peers published (``worker/witness.py``), their peers attributed
+    """The rounds and flags that the server's own peers published (``worker/swarm/witness.py``), their peers attributed
     through the roster. A record counts only when the key that signed it holds a valid token as the server's peer:
     a volunteer's peer can publish under this key too, and is ignored."""
-    from swarmhub.worker import swarm_access
+    from swarmhub.worker.swarm import access as swarm_access
 
     rounds: dict[str, Any] = {}
     flags: dict[str, Any] = {}
@@ -227,9 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     import hivemind
 
-    from swarmhub.worker import swarm_access
-
-    from .process import ServerPeerAccess, stop_event
+    from swarmhub.server.swarm.process import ServerPeerAccess, stop_event
+    from swarmhub.worker.swarm import access as swarm_access
 
     stop = stop_event()
     identity = Path(args.identity or os.path.join(os.path.dirname(args.signing_key_file), f"{args.run_id}.key"))
@@ -245,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         refresh_margin=min(swarm_access.REFRESH_MARGIN, access.lifetime / 4),
         denied=swarm_access.DenyList(access.denied),
     )
-    from swarmhub.server.settings import tcp_maddr
+    from swarmhub.server.core.settings import tcp_maddr
 
     dht = hivemind.DHT(
         host_maddrs=[tcp_maddr(args.host, args.port)],

@@ -16,7 +16,8 @@ nothing, and every ``interval_seconds``:
 
 At start it loads the newest checkpoint on disk, so a swarm that emptied (or a server that restarted) goes on
 from there: this peer shares that state, and the next volunteer to join loads it from this peer instead of
-starting from scratch. When the organizer rolls the swarm back (``server/rollback.py``), the server writes the
+starting from scratch. When the organizer rolls the swarm back (``server/experiments/rollback.py``), the server
+writes the
 request into ``restore_file``; this peer loads that checkpoint and shares it ten epochs past the swarm's, so that
 every peer loads it, and saves it at once (``{"event": "checkpoint", ..., "restored_from": E}``). It leaves the
 swarm cleanly on SIGTERM, SIGINT, or when its stdin closes.
@@ -36,8 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .events import Checkpoint, KeeperConfig, Keeping, Ready, RestoreFailed, Stopped
-from .process import ServerPeerAccess, companion_arguments, emit, run, stop_event
+from swarmhub.server.swarm.events import Checkpoint, KeeperConfig, Keeping, Ready, RestoreFailed, Stopped
+from swarmhub.server.swarm.process import ServerPeerAccess, companion_arguments, emit, run, stop_event
 
 logger = logging.getLogger("swarmhub.checkpoint_peer")
 # A rolled-back state is shared this many epochs past the newest the swarm shows: a volunteer training on its own
@@ -163,7 +164,7 @@ class Keeper:
         if swarm.epoch >= opt.local_epoch and swarm.samples_accumulated > 0 and now - self._announce_started > 5.0:
             self._announce_until = 0.0  # caught up
             return
-        from swarmhub.worker.swarm_epoch import store_presence
+        from swarmhub.worker.swarm.epoch import store_presence
 
         if store_presence(opt.dht, opt.tracker, opt.local_epoch):
             self._announced_at = now
@@ -257,9 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     logger.setLevel(logging.INFO)
     stop = stop_event()
 
-    from swarmhub.server.settings import tcp_maddr
-    from swarmhub.worker.data import LocalCorpus
-    from swarmhub.worker.training import train
+    from swarmhub.server.core.settings import tcp_maddr
+    from swarmhub.worker.tasks.data import LocalCorpus
+    from swarmhub.worker.training.peer import train
 
     config = KeeperConfig.model_validate_json(Path(args.config).read_text())
     access = ServerPeerAccess.load(config.run_id, args.signing_key_file, Path(args.identity), args.token_minutes)

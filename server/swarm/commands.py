@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..contributions import MONITOR_SECONDS
-from .events import AuxConfig, KeeperConfig
+from swarmhub.server.ledger.contributions import MONITOR_SECONDS
+from swarmhub.server.swarm.events import AuxConfig, KeeperConfig
 
 AUX = "aux"  # the auxiliary peer's files: <run_id>.aux.json, <run_id>.aux.key, <run_id>.aux.log
 CHECKPOINTS = "checkpoints"  # the checkpoint peer's

@@ -20,13 +20,17 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from .. import contributions, experiments, leases, rollback, training_data, witnessed
-from ..live import LiveHub
-from ..models import Corpus, Experiment, utcnow
-from ..settings import Settings
-from . import events as peer_events
-from .host import HostedSwarm, SwarmHost
-from .supervision import PeerState
+from swarmhub.server import experiments
+from swarmhub.server.core.settings import Settings
+from swarmhub.server.corpus import training_data
+from swarmhub.server.experiments import rollback
+from swarmhub.server.ledger import contributions, witnessed
+from swarmhub.server.live.channels import LiveHub
+from swarmhub.server.models import Corpus, Experiment, utcnow
+from swarmhub.server.swarm import events as peer_events
+from swarmhub.server.swarm import leases
+from swarmhub.server.swarm.host import HostedSwarm, SwarmHost
+from swarmhub.server.swarm.supervision import PeerState
 
 logger = logging.getLogger("swarmhub.server")
 

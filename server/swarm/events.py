@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from swarmhub.worker.protocol import ExperimentConfig
+from swarmhub.common.protocol import ExperimentConfig
 
 
 class _Event(BaseModel):

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..settings import tcp_maddr
-from . import commands as peer_commands
-from . import peer_logs
-from .events import Checkpoint, Failed, Keeping, Progress, Ready, parse
-from .supervision import PeerKind, Supervisor, terminate
+from swarmhub.server.core.settings import tcp_maddr
+from swarmhub.server.swarm import commands as peer_commands
+from swarmhub.server.swarm import peer_logs
+from swarmhub.server.swarm.events import Checkpoint, Failed, Keeping, Progress, Ready, parse
+from swarmhub.server.swarm.supervision import PeerKind, Supervisor, terminate
 
 logger = logging.getLogger("swarmhub.swarm")
 KEEPER_WAIT_SECONDS = 180.0  # joins wait this long at most for a starting checkpoint peer

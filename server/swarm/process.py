@@ -116,7 +116,7 @@ class ServerPeerAccess:
 
     @classmethod
     def load(cls, run_id: str, signing_key_file: str, identity: Path, token_minutes: float) -> ServerPeerAccess:
-        from swarmhub.worker import swarm_access
+        from swarmhub.worker.swarm import access as swarm_access
 
         signing_key = swarm_access.signing_key_from_text(Path(signing_key_file).read_text().strip())
         return cls(
@@ -130,7 +130,7 @@ class ServerPeerAccess:
 
     def mint(self) -> Any:
         """A fresh access token for this peer's key, signed by the experiment's key under the reserved name."""
-        from swarmhub.worker import swarm_access
+        from swarmhub.worker.swarm import access as swarm_access
 
         public_key = self.own_key.get_public_key().to_bytes()
         name = swarm_access.SERVER_PEER_USERNAME
@@ -138,8 +138,8 @@ class ServerPeerAccess:
 
     def mint_wire(self) -> Any:
         """:meth:`mint` as the worker's protocol carries it (``SwarmToken``)."""
-        from swarmhub.worker import swarm_access
-        from swarmhub.worker.protocol import SwarmToken
+        from swarmhub.common.protocol import SwarmToken
+        from swarmhub.worker.swarm import access as swarm_access
 
         return SwarmToken(**swarm_access.token_to_wire(self.mint()))
 
@@ -151,8 +151,8 @@ class ServerPeerAccess:
         """The ``JoinResponse`` a companion trains with, as a volunteer's worker would get it from the server."""
         import time
 
-        from swarmhub.worker import swarm_access
-        from swarmhub.worker.protocol import JoinResponse
+        from swarmhub.common.protocol import JoinResponse
+        from swarmhub.worker.swarm import access as swarm_access
 
         return JoinResponse(
             experiment=config.experiment,

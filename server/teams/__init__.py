@@ -28,7 +28,7 @@ leaderboard's): a page's last row leads to the next page, its first row to the p
 
 from __future__ import annotations
 
-from .membership import (
+from swarmhub.server.teams.membership import (
     can_manage,
     can_remove,
     can_rename,
@@ -41,7 +41,7 @@ from .membership import (
     remove_team,
     rename,
 )
-from .schemas import (
+from swarmhub.server.teams.schemas import (
     CSV_FIELDS,
     DESCRIPTION_MAX,
     NAME_MAX,
@@ -63,7 +63,7 @@ from .schemas import (
     TeamSummary,
     team_path,
 )
-from .standings import (
+from swarmhub.server.teams.standings import (
     detail,
     experiment_standings,
     get,

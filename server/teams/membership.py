@@ -6,18 +6,12 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ..accounts import is_reserved_username
-from ..errors import Conflict, Forbidden, NotFound
-from ..models import Team, TeamMember, User
-from ..models.teams import ADMIN, MEMBER
-from .schemas import (
-    TeamCreate,
-    TeamName,
-)
-from .standings import (
-    membership,
-    team_of,
-)
+from swarmhub.server.accounts.users import is_reserved_username
+from swarmhub.server.core.errors import Conflict, Forbidden, NotFound
+from swarmhub.server.models import Team, TeamMember, User
+from swarmhub.server.models.teams import ADMIN, MEMBER
+from swarmhub.server.teams.schemas import TeamCreate, TeamName
+from swarmhub.server.teams.standings import membership, team_of
 
 
 def create(session: Session, user: User, data: TeamCreate) -> Team:

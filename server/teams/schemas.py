@@ -9,9 +9,9 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
 
-from ..accounts import USERNAME_RE
-from ..errors import BadRequest
-from ..security import StoredText
+from swarmhub.server.accounts.users import USERNAME_RE
+from swarmhub.server.core.errors import BadRequest
+from swarmhub.server.core.security import StoredText
 
 NAME_MAX = 32
 DESCRIPTION_MAX = 500

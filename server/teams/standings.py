@@ -8,13 +8,13 @@ from urllib.parse import quote
 from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
-from .. import exports
-from ..errors import NotFound
-from ..experiments.lifecycle import PUBLIC
-from ..metrics.common import share_of
-from ..models import Experiment, ExperimentTotal, Team, TeamMember, User, VolunteerTotal, utcnow
-from ..volunteers import profile_path
-from .schemas import (
+from swarmhub.server.community import exports
+from swarmhub.server.community.volunteers import profile_path
+from swarmhub.server.core.errors import NotFound
+from swarmhub.server.experiments.lifecycle import PUBLIC
+from swarmhub.server.metrics.common import share_of
+from swarmhub.server.models import Experiment, ExperimentTotal, Team, TeamMember, User, VolunteerTotal, utcnow
+from swarmhub.server.teams.schemas import (
     CSV_FIELDS,
     TEAMS_LIMIT,
     ExperimentTeamRow,

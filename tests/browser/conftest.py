@@ -40,7 +40,7 @@ def page() -> Iterator[Any]:
 def browser_app(tmp_path: Path) -> FastAPI:
     """The app the browser tests serve: a fresh SQLite database in ``tmp_path``, no swarm processes."""
     from swarmhub.server.app import create_app
-    from swarmhub.server.settings import Settings
+    from swarmhub.server.core.settings import Settings
 
     database = f"sqlite:///{tmp_path / 'browser.db'}"
     return create_app(

@@ -13,11 +13,12 @@ import pytest
 from playwright.sync_api import expect
 from sqlalchemy import select
 
-from swarmhub.server import corpus, training_data
 from swarmhub.server.app import create_app
+from swarmhub.server.core.settings import Settings
+from swarmhub.server.corpus import text as corpus
+from swarmhub.server.corpus import training_data
 from swarmhub.server.models import Experiment
 from swarmhub.server.services import services
-from swarmhub.server.settings import Settings
 
 from ..conftest import PASSWORD, LiveServer
 from .conftest import shown

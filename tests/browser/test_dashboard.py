@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import expect
 
 from swarmhub.server.app import create_app
-from swarmhub.server.settings import Settings
+from swarmhub.server.core.settings import Settings
 from swarmhub.worker.tasks import get_task
 
 from ..conftest import PASSWORD, LiveServer
@@ -87,7 +87,7 @@ def test_organizer_creates_experiment_and_watches_it_live(server, page, tmp_path
         [
             sys.executable,
             "-m",
-            "swarmhub.worker.cli",
+            "swarmhub.worker.cli.main",
             "join",
             "browser-digits",
             "--max-steps",

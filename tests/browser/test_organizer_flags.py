@@ -10,11 +10,12 @@ import pytest
 from playwright.sync_api import expect
 from websockets.sync.client import connect
 
-from swarmhub.server import accounts, experiments
+from swarmhub.common.protocol import MetricReport
+from swarmhub.server import experiments
+from swarmhub.server.accounts import users as accounts
 from swarmhub.server.app import create_app
+from swarmhub.server.core.settings import Settings
 from swarmhub.server.services import services
-from swarmhub.server.settings import Settings
-from swarmhub.worker.protocol import MetricReport
 
 from ..conftest import PASSWORD, LiveServer
 

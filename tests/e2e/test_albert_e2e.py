@@ -23,7 +23,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from swarmhub.server import corpus
+from swarmhub.server.corpus import text as corpus
 
 from ..processes import SWARMHUB, descendants, outlived, running_server, signup, wait_volunteers
 

@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from swarmhub.server import corpus
+from swarmhub.server.corpus import text as corpus
 from swarmhub.worker.tasks import available_tasks
 
 from ..processes import SWARMHUB, outlived, running_server, signup, wait_volunteers

@@ -18,7 +18,7 @@ from ..processes import descendants, outlived
 
 # samples within 150 s, then Ctrl-C leaves nothing running, whatever the pace: it runs beside the other lane (lanes.py)
 pytestmark = [pytest.mark.e2e, pytest.mark.waits, pytest.mark.timeout(420)]  # see tests/lanes.py
-SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli"]
+SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli.main"]
 LOGIN = re.compile(r"Organizer:  log in at \S+ as 'organizer' with password (\S+)")
 
 

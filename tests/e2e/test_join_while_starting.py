@@ -16,9 +16,9 @@ import httpx
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
+from swarmhub.common.protocol import JoinRequest
 from swarmhub.worker.client import ApiClient
 from swarmhub.worker.errors import WorkerError
-from swarmhub.worker.protocol import JoinRequest
 
 from ..conftest import PASSWORD, csrf_from
 from ..processes import running_server, signup

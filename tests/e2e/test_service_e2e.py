@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from swarmhub.worker.service_state import ServiceState, read_state
+from swarmhub.worker.service.state import ServiceState, read_state
 
 from ..processes import DIGITS_SLUG as SLUG
 from ..processes import SWARMHUB, descendants, outlived, running_server, signup

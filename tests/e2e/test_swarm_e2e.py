@@ -15,7 +15,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from swarmhub.worker import swarm_access
+from swarmhub.worker.swarm import access as swarm_access
 
 from ..conftest import PASSWORD
 from ..processes import (

@@ -40,8 +40,8 @@ import hivemind
 from hivemind.dht.schema import RSASignatureValidator, SchemaValidator
 from hivemind.optim.progress_tracker import LocalTrainingProgress, TrainingProgressSchema
 from hivemind.utils.timed_storage import get_dht_time
-from swarmhub.worker import swarm_access
-from swarmhub.worker.protocol import JoinResponse
+from swarmhub.worker.swarm import access as swarm_access
+from swarmhub.common.protocol import JoinResponse
 
 join = JoinResponse.model_validate_json(Path(sys.argv[1]).read_text())
 identity, seconds = Path(sys.argv[2]), float(sys.argv[3])
@@ -86,7 +86,7 @@ def poisoned(self):
         for tensor in tensors:
             tensor.fill_(float("nan"))
 GradientAverager.load_accumulators_into_averager_ = poisoned
-from swarmhub.worker.cli import main
+from swarmhub.worker.cli.main import main
 sys.argv = ["swarmhub", *sys.argv[1:]]
 main()
 """
@@ -151,7 +151,7 @@ def start_forger(url: str, tmp: Path, seconds: float) -> subprocess.Popen[str]:
     """mallory signs up, joins through the public API with her own key and runs FORGER for ``seconds``; returns once
     her first record and a few more are in the swarm (before any volunteer's: the hardest order, as for a while
     hers are the only records there are)."""
-    from swarmhub.worker import swarm_access
+    from swarmhub.worker.swarm import access as swarm_access
 
     mallory = {"Authorization": f"Bearer {signup(url, 'mallory')}"}
     identity = tmp / "mallory.key"
@@ -238,7 +238,7 @@ def slow(self, *args, **kwargs):
     time.sleep(0.3)
     return step(self, *args, **kwargs)
 Optimizer.step = slow
-from swarmhub.worker.cli import main
+from swarmhub.worker.cli.main import main
 sys.argv = ["swarmhub", *sys.argv[1:]]
 main()
 """

@@ -1,6 +1,6 @@
 """A volunteer installs the worker from the hub it joins, with the command the hub's pages show, and joins.
 
-A real ``swarmhub server`` builds the wheel of its own sources at start-up (``server/worker_package.py``) and shows
+A real ``swarmhub server`` builds the wheel of its own sources at start-up (``server/http/worker_package.py``) and shows
 ``pip install "swarmhub @ URL#sha256=..."`` on its pages and in ``GET /api/worker``. The test runs that command in a
 fresh virtual environment that has no swarmhub (the worker's dependencies, torch and hivemind, are lent to it from
 the project's environment through a ``.pth`` file, as a volunteer who installed torch first has them; nothing is

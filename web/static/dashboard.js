@@ -56,7 +56,7 @@
     return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";
   }
 
-  // short labels of the milestone keys leaderboard rows carry (server/milestones.py)
+  // short labels of the milestone keys leaderboard rows carry (server/ledger/milestones.py)
   const MILESTONE_LABELS = { first_round: "1st round", samples_1m: "1M", samples_10m: "10M", samples_100m: "100M",
     online_24h: "24 h", checkpoint: "checkpoint" };
 

@@ -4,6 +4,7 @@ A task is a subclass of :class:`Task` registered under the ``swarmhub.tasks`` en
 (the built-in ones are also registered here, so a source checkout works without package metadata).
 The server validates an experiment's ``task_params`` with the task's ``Params`` model; the worker
 builds the model and data from them. Workers never download code: a task must be installed locally.
+The corpus tasks read is :mod:`.data` (with the checked file writes of :mod:`.safe_paths`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..proposal import DEFAULT_PLANNED_PEERS, SettingsProposal, propose
-from ..protocol import OptimizerName
+from swarmhub.common.proposal import DEFAULT_PLANNED_PEERS, SettingsProposal, propose
+from swarmhub.common.protocol import OptimizerName
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +37,7 @@ class UnknownTask(LookupError):
 
 
 class TaskData(Protocol):
-    """An experiment's prepared corpus (``swarmhub.server.corpus``), as a task reads it.
+    """An experiment's prepared corpus (``swarmhub.server.corpus.text``), as a task reads it.
 
     ``manifest`` is the corpus's ``manifest.json``: ``vocab_size``, ``seq_length``, ``special_tokens``
     (name -> id: pad, unk, cls, sep, mask), ``files`` (name -> sha256/bytes: the tokenizer's files and
@@ -147,7 +148,7 @@ class Task(ABC):
 
     def proposal(self, planned_peers: int = DEFAULT_PLANNED_PEERS) -> SettingsProposal | None:
         """Settings under which a swarm of ``planned_peers`` reference peers is bound by compute, not by the
-        epoch-length guard (``swarmhub.worker.proposal.swarm_rate_cap``), with the optimizer and learning rate the
+        epoch-length guard (``swarmhub.common.proposal.swarm_rate_cap``), with the optimizer and learning rate the
         task trains well with at that target batch size where it proposes them; None without a reference rate."""
         rate = self.reference_samples_per_second()
         if rate is None:

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..protocol import OptimizerName
-from . import Evaluation, Task
-from .masking import IGNORE, Vocabulary, choose_positions
-from .unigram import UnigramBaseline, token_counts, unigram_baseline
+from swarmhub.common.protocol import OptimizerName
+from swarmhub.worker.tasks import Evaluation, Task
+from swarmhub.worker.tasks.masking import IGNORE, Vocabulary, choose_positions
+from swarmhub.worker.tasks.unigram import UnigramBaseline, token_counts, unigram_baseline
 
 if TYPE_CHECKING:
     import torch
 
-    from . import TaskData
+    from swarmhub.worker.tasks import TaskData
 
 # Sizes: (hidden, layers, attention heads, feed-forward, embedding). base and large are ALBERT's own (Lan et al.,
 # 2019; DeDLOC trained albert-large); tiny trains on a CPU in seconds (tests); small is a laptop-sized model.
@@ -271,7 +271,7 @@ class AlbertMLMTask(Task):
         return inputs, attention, labels
 
     def batches(self, seed: int) -> Iterator[Any]:
-        from ..data import load_sequences
+        from swarmhub.worker.tasks.data import load_sequences
 
         rng = np.random.default_rng(seed)
         size = self.params.batch_size
@@ -306,7 +306,7 @@ class AlbertMLMTask(Task):
 
     def _eval_batches(self) -> tuple[Any, Any, Any]:
         if self._eval is None:
-            from ..data import load_sequences
+            from swarmhub.worker.tasks.data import load_sequences
 
             sequences = load_sequences(self._corpus().file("eval.npy"))
             self._eval = self.masked_batch(sequences, np.random.default_rng(EVAL_SEED))
@@ -315,7 +315,7 @@ class AlbertMLMTask(Task):
     def eval_labels(self) -> np.ndarray:
         """The held-out labels ``evaluate`` scores (the token ids at the masked positions, -100 elsewhere), from
         the same fixed masking; numpy only, for the server's baseline."""
-        from ..data import load_sequences
+        from swarmhub.worker.tasks.data import load_sequences
 
         sequences = load_sequences(self._corpus().file("eval.npy"))
         return self.masked_arrays(sequences, np.random.default_rng(EVAL_SEED))[2]

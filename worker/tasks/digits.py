@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import Baseline, Task
+from swarmhub.worker.tasks import Baseline, Task
 
 if TYPE_CHECKING:  # the server validates a task's parameters without torch; workers import it when they train
     import torch

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from . import Baseline
-from .masking import IGNORE
+from swarmhub.worker.tasks import Baseline
+from swarmhub.worker.tasks.masking import IGNORE
 
 
 class UnigramBaseline(Baseline):
@@ -26,7 +26,7 @@ def token_counts(shard_paths: Iterable[Path], vocab_size: int) -> np.ndarray:
     """How often each token id occurs in the shards: an int64 array of length ``vocab_size``, special tokens
     ([PAD] included) counted like the others (``unigram_baseline`` leaves them out). Ids at or above
     ``vocab_size`` are an error: a shard that does not belong to this vocabulary."""
-    from ..data import load_sequences
+    from swarmhub.worker.tasks.data import load_sequences
 
     counts = np.zeros(vocab_size, dtype=np.int64)
     for path in shard_paths:

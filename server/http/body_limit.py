@@ -1,0 +1,132 @@
+"""``BodyLimit``: every HTTP request body is bounded before anything reads it.
+
+FastAPI reads a JSON body into memory, and Starlette parses a whole multipart form, before a route's dependencies
+run (log-in rate limits, authentication, an upload's own size check): nothing there can refuse a body in time. This
+ASGI middleware sits in front of the routes. A body whose Content-Length is over its route's limit is answered 413
+at once, unread; one sent without a Content-Length (chunked) is counted as it streams in and answered 413 as soon
+as the count passes the limit, nothing of it kept. Websocket and lifespan messages pass untouched.
+
+Limits: ``SWARMHUB_BODY_MAX_MB`` for every route; a corpus upload takes ``SWARMHUB_CORPUS_MAX_MB`` (and the form's
+framing), the upload probe its 8 MiB. They are read from the settings at each request.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from swarmhub.server.core.errors import AppError, TooLarge
+from swarmhub.server.core.settings import Settings
+from swarmhub.server.corpus import training_data
+from swarmhub.server.corpus import upload as corpus_upload
+from swarmhub.server.routes.data import UPLOAD_OVERHEAD
+from swarmhub.server.routes.probe import MAX_PROBE_BYTES
+
+CORPUS_UPLOAD = re.compile(r"(/api)?/experiments/[^/]+/corpus")  # the API's PUT and the page's form POST
+UPLOAD_PROBE = "/api/probe/upload"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The most bytes a route's request body may have, and the refusal's wording."""
+
+    max_bytes: int
+    field: str
+    message: Callable[[int | None], str]  # given the body's Content-Length, None when it streams in without one
+
+
+def limit_for(settings: Settings, method: str, path: str) -> Limit:
+    """The limit of a request's body, by its route."""
+    if method in ("POST", "PUT") and CORPUS_UPLOAD.fullmatch(path):
+        most = training_data.max_bytes(settings)
+        limit = corpus_upload.size_text(most)
+
+        def upload(size: int | None) -> str:  # sizes as the upload route states them (binary units)
+            actual = corpus_upload.size_text(size) if size is not None else f"over {limit}"
+            return f"the upload is {actual}; this server takes training text up to {limit} (SWARMHUB_CORPUS_MAX_MB)"
+
+        return Limit(most + UPLOAD_OVERHEAD, "file", upload)
+    if path == UPLOAD_PROBE:
+        return Limit(
+            MAX_PROBE_BYTES, "body", lambda _: f"an upload probe is at most {corpus_upload.size_text(MAX_PROBE_BYTES)}"
+        )
+    max_bytes = int(settings.body_max_mb * 2**20)
+    return Limit(
+        max_bytes, "body", lambda _: f"request body over {corpus_upload.size_text(max_bytes)} (SWARMHUB_BODY_MAX_MB)"
+    )
+
+
+class _Over(Exception):
+    """Raised into the app when the body it reads passes the limit; the middleware answers 413 instead."""
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a request body over its route's limit, before any route reads it."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = limit_for(self.settings, scope["method"], scope["path"])
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isdigit() and int(length) > limit.max_bytes:
+            await self._refuse(scope, send, TooLarge(limit.message(int(length)), field=limit.field))
+            return
+
+        received = 0
+        over = False
+        started = False
+
+        async def counted() -> Message:
+            nonlocal received, over
+            if over:
+                raise _Over
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit.max_bytes:
+                    over = True
+                    raise _Over
+            return message
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            if over and not started:
+                return  # the app's answer to a body it could not read (FastAPI makes it a 400): ours replaces it
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except Exception:
+            if not over or started:
+                raise
+        if over and not started:
+            await self._refuse(scope, send, TooLarge(limit.message(None), field=limit.field))
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Send, error: TooLarge) -> None:
+        """The app's own rendering of the error (JSON under /api, the error page elsewhere), and the connection
+        closed: the rest of the body is not read."""
+        handler = getattr(scope.get("app"), "exception_handlers", {}).get(AppError)
+        response: Response
+        if handler is not None:
+            response = await handler(Request(scope), error)
+        else:
+            response = JSONResponse(error.body(), status_code=error.status_code)
+        response.headers["connection"] = "close"
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await response(scope, nothing, send)

@@ -1,0 +1,163 @@
+"""How often a peer that looks for an averaging group asks the DHT who else is looking: at most once per poll
+interval, set by the experiment's matchmaking time, where hivemind asks as fast as the DHT answers.
+
+hivemind 1.1.12's matchmaking (``hivemind.averaging.matchmaking.PotentialLeaders``) re-reads its group key whenever
+its queue of potential leaders is empty or holds no leader earlier than its own declaration: ``pop_next_leader``
+sets ``update_triggered`` and ``_update_queue_periodically`` answers with another ``GroupKeyManager.get_averagers``
+at once, in a loop with no pause. So for the whole of a search (``matchmaking_time``, seconds, every epoch and for
+each of a peer's two averagers) a peer sends DHT lookups back to back, and every lookup is a request to several
+peers (then signed, and each answer too: swarm protocol 1). Measured on two digits volunteers and the server's peers
+on 127.0.0.1: each volunteer's DHT sent about 170 find requests a second, nearly all for the two group keys, and
+the DHT processes and their ``p2pd`` were most of the swarm's CPU (the trainers themselves 0.01 cores).
+
+:func:`install` makes every ``get_averagers`` of one key manager wait until the poll interval has passed since its
+previous one: a quarter of the experiment's ``matchmaking_time``, between ``MIN_POLL_SECONDS`` and
+``MAX_POLL_SECONDS`` (:func:`poll_seconds`). A leader declares its group at least ``matchmaking_time`` ahead, so a
+follower sees a newly declared leader with three quarters of that window left. A search's first lookup is not
+delayed. The lookup itself, and who may join whom, are hivemind's, unchanged, so peers with and without it match with
+each other.
+
+A peer that looks for a group all the time (the server's witness) would otherwise read the key five times a second
+for as long as it runs, and each read is a request that every other peer answers: at a 3 s matchmaking time it now
+reads 1.3 times a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+# The least time between two lookups of the peers looking for a group, per averager: a quarter of the matchmaking
+# time, within these bounds.
+MIN_POLL_SECONDS = 0.2
+MAX_POLL_SECONDS = 1.0
+
+
+def poll_seconds(matchmaking_time: float) -> float:
+    """The least time between two group lookups of an averager whose matchmaking time is ``matchmaking_time``."""
+    return min(max(matchmaking_time / 4, MIN_POLL_SECONDS), MAX_POLL_SECONDS)
+
+
+def install(poll: float = MIN_POLL_SECONDS) -> None:
+    """Pace hivemind's group lookups to one per ``poll`` seconds per averager (in this process and in the averager
+    processes it forks after this call)."""
+    from hivemind.averaging.key_manager import GroupKeyManager
+
+    original = getattr(GroupKeyManager.get_averagers, "__swarmhub_original__", GroupKeyManager.get_averagers)
+
+    async def get_averagers(self: Any, group_key: Any, only_active: bool) -> Any:
+        last = getattr(self, "_swarmhub_last_lookup", None)
+        if last is not None:
+            wait = last + poll - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        self._swarmhub_last_lookup = time.monotonic()
+        found = await original(self, group_key, only_active)
+        # who declared themselves in this key, and until when (``_needed_group_size`` looks for a witness there)
+        self._swarmhub_declared = {peer.to_base58(): expiration for peer, expiration in found}
+        if _EXPECTING and self.prefix.endswith("_grad_averager"):
+            _learn_server_peers(self.dht, self._swarmhub_declared)
+        return found
+
+    get_averagers.__swarmhub_original__ = original  # type: ignore[attr-defined]
+    get_averagers.__doc__ = original.__doc__
+    GroupKeyManager.get_averagers = get_averagers  # type: ignore[method-assign]
+
+
+def uninstall() -> None:
+    """Put hivemind's own lookup back (for a process that builds plain hivemind peers after swarmhub's)."""
+    from hivemind.averaging.key_manager import GroupKeyManager
+
+    original = getattr(GroupKeyManager.get_averagers, "__swarmhub_original__", None)
+    if original is not None:
+        GroupKeyManager.get_averagers = original  # type: ignore[method-assign]
+
+
+# -- waiting for the server's witness -------------------------------------------------------------------------------
+#
+# Only the rounds that the server's witness (its auxiliary peer) takes part in earn verified credit, and on a busy
+# machine the witness can be a moment late: two volunteers' peers then average without it, and neither is credited
+# for that round. hivemind's leader assembles its group when its declared time is up if it has at least
+# ``min_group_size`` members (``Matchmaking._request_join_potential_leaders``, ``rpc_join_group``). With
+# :func:`expect_witnesses`, that threshold is read through :func:`_needed_group_size`: while the leader's followers
+# include none of the witnesses the hub named at the join, a witness has declared itself in the group key lately (it is
+# alive and looking), and the round's scheduled time is less than ``grace`` seconds past, no group is good enough:
+# the leader sends its followers away and keeps looking (each one looks again too), and the witness joins one of them.
+# After the grace, or with no witness seen, hivemind's own threshold applies: a round without a witness is a round
+# uncredited, never a round not averaged. Gradient rounds only (the witness averages no state).
+
+_WITNESSES: frozenset[str] = frozenset()
+_GRACE = 0.0
+_NEVER = 2**31
+_EXPECTING = False
+# The server's peers among those declared in the gradient key, learnt from the roster in the averager's process: a
+# witness that started after this peer joined is waited for too. Read at most every ROSTER_SECONDS, and only when a
+# peer not classified yet declares itself.
+ROSTER_SECONDS = 10.0
+_SERVER_PEERS: set[str] = set()
+_OTHER_PEERS: set[str] = set()
+_roster_read_at = -ROSTER_SECONDS
+
+
+def witness_grace(matchmaking_time: float) -> float:
+    """How long past its scheduled time a leader waits for a witness: two matchmaking times, at least a second."""
+    return max(2.0 * matchmaking_time, 1.0)
+
+
+def expect_witnesses(witnesses: frozenset[str], grace: float) -> None:
+    """Make the gradient rounds this process (and the averager processes it forks after this call) leads wait up to
+    ``grace`` seconds for one of ``witnesses`` (peer IDs, base58)."""
+    from hivemind.averaging.matchmaking import Matchmaking
+
+    global _WITNESSES, _GRACE, _EXPECTING
+    _WITNESSES, _GRACE, _EXPECTING = frozenset(witnesses), grace, True
+    if not isinstance(Matchmaking.__dict__.get("min_group_size"), property):
+        Matchmaking.min_group_size = property(_needed_group_size, _set_min_group_size)  # type: ignore[attr-defined]
+
+
+def _learn_server_peers(dht: Any, declared: dict[str, float]) -> None:
+    """Add the server's peers among ``declared`` to those waited for (a blocking roster read in the averager's loop,
+    as ``state_guard`` makes; at most every ROSTER_SECONDS)."""
+    global _roster_read_at
+    unknown = declared.keys() - _SERVER_PEERS - _OTHER_PEERS
+    if not unknown or time.monotonic() - _roster_read_at < ROSTER_SECONDS:
+        return
+    from swarmhub.worker.swarm import access as swarm_access
+    from swarmhub.worker.swarm.epoch import Roster
+    from swarmhub.worker.swarm.policy import POLICY
+
+    if POLICY.experiment_key is None:
+        return
+    _roster_read_at = time.monotonic()
+    try:
+        names = Roster(dht, POLICY.run_id, POLICY.experiment_key).usernames(unknown)
+    except Exception:  # the next lookup tries again
+        return
+    for peer in unknown & names.keys():
+        (_SERVER_PEERS if names[peer] == swarm_access.SERVER_PEER_USERNAME else _OTHER_PEERS).add(peer)
+
+
+def _set_min_group_size(self: Any, value: int) -> None:
+    self._swarmhub_min_group_size = value
+
+
+def _needed_group_size(self: Any) -> int:
+    from hivemind.utils import get_dht_time
+
+    # (an instance made before the property was installed keeps its own value in its __dict__)
+    base: int = self.__dict__.get("_swarmhub_min_group_size", self.__dict__.get("min_group_size", 2))
+    witnesses = _WITNESSES | _SERVER_PEERS
+    if not witnesses or not self._prefix.endswith("_grad_averager") or self.step_control is None:
+        return base
+    if self.peer_id.to_base58() in witnesses:
+        return base
+    if any(peer.to_base58() in witnesses for peer in self.current_followers):
+        return base
+    now = get_dht_time()
+    if now > self.step_control.scheduled_time + _GRACE:
+        return base
+    declared = getattr(self.group_key_manager, "_swarmhub_declared", {})
+    if not any(expiration >= now - _GRACE for peer, expiration in declared.items() if peer in witnesses):
+        return base  # no witness looking for a group lately: nothing to wait for
+    return _NEVER
