@@ -109,5 +109,6 @@ def report_over_websocket(client: Any, db: Any, user: User, slug: str, device: s
 
 def token_for(url: str, username: str = "alice") -> str:
     """An API token from a live server's real token route."""
-    response = httpx.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD})
+    # a password check is slow by design, and slower on a loaded machine: httpx's 5 s default is not enough there
+    response = httpx.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD}, timeout=60)
     return response.json()["access_token"]
