@@ -38,6 +38,7 @@ class OptimizerName(str, Enum):
     adamw = "adamw"
     sgd = "sgd"
     lamb = "lamb"  # layer-wise adaptive moments (You et al., 2019): ALBERT's optimizer in DeDLOC
+    lars = "lars"  # layer-wise rate scaling for SGD with momentum (You et al., 2017): SwAV's optimizer in DeDLOC
 
 
 class Overlap(str, Enum):

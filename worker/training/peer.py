@@ -38,6 +38,7 @@ from swarmhub.worker.swarm import load_balancing, matchmaking, robust, witness
 from swarmhub.worker.tasks import Task, TaskData, UnknownTask, get_task
 from swarmhub.worker.training.access import PeerAccess
 from swarmhub.worker.training.lamb import Lamb
+from swarmhub.worker.training.lars import Lars
 from swarmhub.worker.training.loop import OPTIMIZER_LOGGER as OPTIMIZER_LOGGER
 from swarmhub.worker.training.loop import AveragingWatcher, ReporterLike, StopReason, assist_loop, trainer_loop
 from swarmhub.worker.training.loop import Progress as Progress
@@ -52,6 +53,7 @@ _OPTIMIZERS = {
     OptimizerName.adamw: torch.optim.AdamW,
     OptimizerName.sgd: torch.optim.SGD,
     OptimizerName.lamb: Lamb,
+    OptimizerName.lars: Lars,
 }
 
 
