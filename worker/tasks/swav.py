@@ -12,9 +12,9 @@ Quality is the backbone's k-nearest-neighbour accuracy: features of a labelled h
 votes of its nearest labelled training images (``knn_top1``). The built-in image set is :mod:`.shapes`, drawn on the
 spot. The export is the backbone's state dict in torchvision's layout (:mod:`.resnet`).
 
-Not registered as a task yet: on the built-in shapes, a tiny backbone at batch 32 with SwAV's colour jitter falls to
-the uniform prediction (the loss settles at ln(prototypes)) within a few hundred steps, with Adam or LARS, and its
-k-NN accuracy stays at a random backbone's (docs/swav.md). Registering it waits for settings that learn.
+Not registered as a task yet: with SwAV's colour jitter the tiny backbone falls to the uniform prediction (the loss
+settles at ln(prototypes)) within a few hundred steps, with Adam or LARS; crops that are always grey learn shape, but
+not yet enough in the demo's time (docs/swav.md, ``bench/swav_settings.py``).
 """
 
 from __future__ import annotations
