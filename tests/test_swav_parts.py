@@ -119,7 +119,7 @@ def test_knn_accuracy_counts_the_neighbours_votes():
     bank = torch.nn.functional.normalize(torch.randn(40, 8), dim=1)
     labels = np.arange(40) % 4
     assert knn_top1(bank, labels, bank, labels, k=1) == 1.0
-    # each query sits next to its own class's bank features: right; shuffled labels: near chance
+    # each query's nearest bank feature is its own: right with its label, wrong with every label moved one on
     queries = torch.nn.functional.normalize(bank + 0.01 * torch.randn(40, 8), dim=1)
     assert knn_top1(bank, labels, queries, labels, k=1) == 1.0
     assert knn_top1(bank, labels, queries, np.roll(labels, 1), k=1) == 0.0

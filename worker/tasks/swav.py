@@ -38,6 +38,7 @@ BANK_IMAGES = 2048  # the labelled training images held-out images are compared 
 KNN_NEIGHBOURS, KNN_TEMPERATURE = 20, 0.07
 GLOBAL_SCALE, LOCAL_SCALE = (0.35, 1.0), (0.1, 0.35)  # the share of the image a crop covers
 COLOUR_JITTER, GREY = 0.8, 0.2  # how often a crop's colours are jittered, and made grey
+JITTER = (0.2, 1.8)  # the range of a jittered crop's brightness, contrast and saturation factors (SwAV's 0.8)
 HUE = 0.4 * math.pi  # the most a jittered crop's hue turns, radians (a fifth of the circle, as SwAV's 0.2)
 
 
@@ -86,8 +87,8 @@ def random_crops(
 ) -> list[torch.Tensor]:
     """``count`` augmented crops of every image (float, 0..1, shape (N, 3, H, W)): a random area share within
     ``scale`` and aspect ratio within 3/4..4/3, resized to ``size`` pixels, flipped half the time, colour-jittered
-    (hue turned by up to half a circle, brightness, contrast and saturation
-    scaled by 0.2 to 1.8; 80 %) and made grey (20 %), then normalised."""
+    (hue turned by up to ``HUE``, brightness, contrast and saturation scaled within ``JITTER``; ``COLOUR_JITTER``
+    of the crops) and made grey (``GREY`` of them), then normalised."""
     import torch
     import torch.nn.functional as F
 
@@ -108,11 +109,11 @@ def random_crops(
         grid = F.affine_grid(theta, [n, 3, size, size], align_corners=False)
         crop = F.grid_sample(images, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
         jitter = (uniform(0.0, 1.0) < COLOUR_JITTER).view(n, 1, 1, 1)
-        jittered = hue_rotate(crop, uniform(-HUE, HUE)) * uniform(0.2, 1.8).view(n, 1, 1, 1)
+        jittered = hue_rotate(crop, uniform(-HUE, HUE)) * uniform(*JITTER).view(n, 1, 1, 1)
         mean = jittered.mean(dim=(1, 2, 3), keepdim=True)
-        jittered = (jittered - mean) * uniform(0.2, 1.8).view(n, 1, 1, 1) + mean
+        jittered = (jittered - mean) * uniform(*JITTER).view(n, 1, 1, 1) + mean
         grey = jittered.mean(dim=1, keepdim=True)
-        jittered = grey + (jittered - grey) * uniform(0.2, 1.8).view(n, 1, 1, 1)
+        jittered = grey + (jittered - grey) * uniform(*JITTER).view(n, 1, 1, 1)
         crop = torch.where(jitter, jittered, crop).clamp(0.0, 1.0)
         crop = torch.where((uniform(0.0, 1.0) < GREY).view(n, 1, 1, 1), crop.mean(dim=1, keepdim=True), crop)
         crops.append(normalise(crop.expand(n, 3, size, size)))
