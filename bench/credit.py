@@ -11,7 +11,11 @@ Printed per swarm size:
 - the CPU the server's peer processes (and what they forked: DHT, averagers, p2pd) used over the window, in cores,
   and per active worker.
 
-    python bench/credit.py [--task digits|albert-mlm] [--sizes 2,4,6] [--minutes 7] [--skip 1] [--window 5]
+    python bench/credit.py [--task digits|albert-mlm] [--sizes 2,4,6] [--group-size 0] [--minutes 7] [--skip 1]
+        [--window 5]
+
+``--group-size N`` (N >= 2) splits each swarm into averaging groups of at most N volunteers' peers (the experiment's
+``group_size``), each with a witness of its own; the server runs ``ceil(volunteers / N)`` witnesses.
 
 Targets (issue "Every honest volunteer is credited"): verified/claimed >= 0.95 for each honest volunteer; the
 server's peers <= 0.05 cores per active worker.
@@ -81,7 +85,7 @@ def run_size(task: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
         database_url = f"sqlite:///{h.tmp / 'credit.db'}"
         server = s.SwarmhubServer(h, "server", database_url, swarm=True)
         slug = f"credit-{size}"
-        experiment = EXPERIMENTS[task]
+        experiment = {**EXPERIMENTS[task], "group_size": args.group_size}
         created = server.http.post("/api/experiments", json={"slug": slug, "title": "Credit", **experiment})
         if created.status_code != 201:
             raise c.BenchError(created.text)
@@ -150,6 +154,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="digits", choices=sorted(EXPERIMENTS))
     parser.add_argument("--sizes", default="2,4,6")
+    parser.add_argument("--group-size", type=int, default=0, help="volunteers' peers per averaging group (0: one)")
     parser.add_argument("--minutes", type=float, default=7.0)
     parser.add_argument("--skip", type=float, default=1.0, help="minutes before the measured window")
     parser.add_argument("--window", type=float, default=5.0, help="minutes of the measured window")
@@ -165,7 +170,7 @@ def main() -> int:
             worst_whole = min(result["whole"].values())
             per_worker = result["cores"] / size
             print(
-                f"{args.task}, {size} volunteers: verified/claimed in the window "
+                f"{args.task}, {size} volunteers, group size {args.group_size}: verified/claimed in the window "
                 f"{', '.join(f'{n} {r:.3f}' for n, r in sorted(result['window'].items()))}; whole run "
                 f"{', '.join(f'{n} {r:.3f}' for n, r in sorted(result['whole'].items()))}; server peers "
                 f"{result['cores']:.3f} cores ({per_worker:.3f} a worker); final {result['final']}",

@@ -45,6 +45,7 @@ def test_invalid_experiment_names_the_field_and_creates_nothing(client, db):
         "task": {**NEW, "task": "imagenet"},
         "task_params": {**NEW, "task_params": {"hidden_size": 1}},
         "averaging_timeout": {**NEW, "averaging_timeout": 1},
+        "group_size": {**NEW, "group_size": 1},  # a group of one averages with no one
     }
     for field, body in cases.items():
         response = client.post("/api/experiments", json=body, headers=headers)

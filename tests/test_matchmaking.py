@@ -116,3 +116,38 @@ def test_paced_averagers_still_form_their_group_and_average(paced: tuple[bool, b
         finally:
             for a in averagers:
                 a.shutdown()
+
+
+def test_a_leader_takes_one_witness_and_at_most_group_size_volunteers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule that shares the server's witnesses out among the groups (``matchmaking.limit_groups``): a leader's
+    group takes a witness only while it holds none, and volunteers' peers up to the experiment's group size."""
+    from hivemind.p2p import PeerID
+    from hivemind.proto import averaging_pb2
+
+    peers = [PeerID(bytes([0x12, 0x20, *([index] * 32)])) for index in range(6)]
+    witness, other_witness, volunteers = peers[0], peers[1], peers[2:]
+    monkeypatch.setattr(matchmaking, "_WITNESSES", frozenset({witness.to_base58(), other_witness.to_base58()}))
+    monkeypatch.setattr(matchmaking, "_GROUP_SIZE", 2)
+
+    class Leader:
+        def __init__(self, followers: list[PeerID]):
+            self.current_followers = dict.fromkeys(followers)
+
+    def refused(followers: list[PeerID], joining: PeerID, leader_is_witness: bool = False) -> bool:
+        monkeypatch.setattr(matchmaking, "_SELF_WITNESS", leader_is_witness)
+        found = matchmaking._past_group_rules(Leader(followers), joining)
+        return found is not None and found.code == averaging_pb2.GROUP_IS_FULL
+
+    # a volunteer leader: one more volunteer fits (2 with the leader), a third does not; a witness fits once
+    assert not refused([], volunteers[1])
+    assert refused([volunteers[1]], volunteers[2])
+    assert not refused([volunteers[1]], witness)
+    assert refused([witness], other_witness)
+    assert refused([volunteers[1], witness], volunteers[2])
+    # a witness leading takes two volunteers, and no second witness
+    assert not refused([volunteers[0]], volunteers[1], leader_is_witness=True)
+    assert refused([volunteers[0], volunteers[1]], volunteers[2], leader_is_witness=True)
+    assert refused([], other_witness, leader_is_witness=True)
+    # hivemind's target: room for the witness beside the group's volunteers; no limit for one group
+    assert matchmaking.target_group_size(2) == 3
+    assert matchmaking.target_group_size(0) is None

@@ -73,19 +73,20 @@ class _SwarmCollector(Collector):
         yield family
         up = GaugeMetricFamily(
             "swarmhub_server_peer_up",
-            "1 while the server's peer process (kind: monitor, witness, checkpoints) of a run is running, 0 while it "
-            "waits to be restarted",
-            labels=["run_id", "kind"],
+            "1 while the server's peer process (kind: monitor, witness, checkpoints; index: which witness) of a run is "
+            "running, 0 while it waits to be restarted",
+            labels=["run_id", "kind", "index"],
         )
         restarts = GaugeMetricFamily(
             "swarmhub_server_peer_restarts",
             "How many times the server's peer process of a run was started again",
-            labels=["run_id", "kind"],
+            labels=["run_id", "kind", "index"],
         )
         for run_id, states in self.swarm.supervisor.all_states().items():
             for state in states:
-                up.add_metric([run_id, state.kind], 1.0 if state.state == "running" else 0.0)
-                restarts.add_metric([run_id, state.kind], float(state.restarts))
+                labels = [run_id, state.kind, str(state.index)]
+                up.add_metric(labels, 1.0 if state.state == "running" else 0.0)
+                restarts.add_metric(labels, float(state.restarts))
         yield up
         yield restarts
 

@@ -29,6 +29,8 @@ class Experiment(Base):
     matchmaking_time: Mapped[float] = mapped_column(Float)
     averaging_timeout: Mapped[float] = mapped_column(Float)
     overlap: Mapped[str] = mapped_column(String(32), default="none")
+    # Volunteers' peers per gradient averaging group (0: one group), and so how many witnesses the server runs
+    group_size: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     # How each reducer combines the peers' parts (``worker.robust``); the database's default only, as below
     aggregation: Mapped[str] = mapped_column(String(32), server_default=text("'mean'"))
     aux_peer: Mapped[bool] = mapped_column(Boolean, default=False)  # the server runs an auxiliary peer

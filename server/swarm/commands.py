@@ -7,7 +7,7 @@ Their files live in ``data_dir/peers``, named after the run::
 
     <run_id>.signing         the experiment's signing key (readable by this user only)
     <run_id>.key             the bootstrap peer's identity (so its peer ID survives a restart)
-    <run_id>.<kind>.json     a companion's config (kind "aux" or "checkpoints")
+    <run_id>.<kind>.json     a companion's config (kind "aux", "aux1", ... for the witnesses, or "checkpoints")
     <run_id>.<kind>.key      a companion's identity
     <run_id>.deny            the removed volunteers, one username a line
     <run_id>.restore         the organizer's newest rollback, for the checkpoint peer
@@ -26,6 +26,14 @@ from swarmhub.server.ledger.contributions import MONITOR_SECONDS
 from swarmhub.server.swarm.events import AuxConfig, KeeperConfig
 
 AUX = "aux"  # the auxiliary peer's files: <run_id>.aux.json, <run_id>.aux.key, <run_id>.aux.log
+
+
+def aux_kind(index: int) -> str:
+    """The files of auxiliary peer number ``index``: the first one's are ``aux`` (as before there were several),
+    the others' ``aux1``, ``aux2``, ..."""
+    return AUX if index == 0 else f"{AUX}{index}"
+
+
 CHECKPOINTS = "checkpoints"  # the checkpoint peer's
 
 
@@ -112,11 +120,13 @@ def companion_log(folder: Path, run_id: str, kind: str) -> Path:
     return folder / f"{run_id}.{kind}.log"
 
 
-def write_aux_config(folder: Path, run_id: str, config: dict[str, Any], initial_peers: list[str]) -> None:
-    """The auxiliary peer's config: ``config`` (the experiment's config and its corpus folder) and where the swarm
-    is."""
+def write_aux_config(
+    folder: Path, run_id: str, config: dict[str, Any], initial_peers: list[str], kind: str = AUX
+) -> None:
+    """An auxiliary peer's config (``kind``: :func:`aux_kind`): ``config`` (the experiment's config and its corpus
+    folder) and where the swarm is."""
     aux = AuxConfig.model_validate({**config, "run_id": run_id, "initial_peers": initial_peers})
-    companion_config(folder, run_id, AUX).write_text(aux.model_dump_json())
+    companion_config(folder, run_id, kind).write_text(aux.model_dump_json())
 
 
 def write_keeper_config(

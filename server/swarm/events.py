@@ -41,6 +41,19 @@ class Progress(_Event):
     flags: list[Any] = Field(default_factory=list)
     roster_reads: int = 0  # the monitor's reads of the roster so far (``bootstrap_peer.MonitorRoster``)
 
+    @property
+    def volunteer_peers(self) -> int:
+        """The volunteers' peers among the contributors (the server's own peers left out)."""
+        from swarmhub.worker.swarm.access import SERVER_PEER_USERNAME
+
+        return len(
+            {
+                item.get("peer_id")
+                for item in self.contributors
+                if isinstance(item, dict) and item.get("username") not in (None, SERVER_PEER_USERNAME)
+            }
+        )
+
 
 class Stopped(_Event):
     event: Literal["stopped"] = "stopped"

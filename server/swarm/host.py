@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from swarmhub.server.swarm.supervision import PeerKind, Supervisor, terminate
 
 logger = logging.getLogger("swarmhub.swarm")
 KEEPER_WAIT_SECONDS = 180.0  # joins wait this long at most for a starting checkpoint peer
+MAX_WITNESSES = 8  # witnesses (auxiliary peers) per experiment at most: one per averaging group
+FEWER_AFTER_SECONDS = 120.0  # a witness no group needs is stopped once none has needed it for this long
 
 
 @dataclass
@@ -69,8 +72,10 @@ class SwarmHost:
         self.ports = ports  # None: random ports
         self.announce_host = announce_host if ports is not None else ""  # hivemind announces known ports only
         self._peers: dict[str, Peer] = {}
-        self._aux: dict[str, subprocess.Popen[str]] = {}  # run_id -> the server's auxiliary peer, when asked for
-        self._aux_ports: dict[str, int] = {}
+        # (run_id, index) -> the server's auxiliary peers (its witnesses, one per averaging group), when asked for
+        self._aux: dict[tuple[str, int], subprocess.Popen[str]] = {}
+        self._aux_ports: dict[tuple[str, int], int] = {}
+        self._fewer_since: dict[str, float] = {}  # run_id -> since when it needs fewer witnesses than it runs
         self._keepers: dict[str, subprocess.Popen[str]] = {}  # run_id -> the checkpoint peer, for tasks that keep them
         self._keeper_ports: dict[str, int] = {}
         self._keeper_ready: set[str] = set()  # run_ids whose checkpoint peer is in the swarm with its state
@@ -109,7 +114,7 @@ class SwarmHost:
         if self.ports is None:
             return 0
         ours = {p.port for p in self._peers.values() if p.process.poll() is None}
-        ours |= {self._aux_ports.get(r, 0) for r, process in self._aux.items() if process.poll() is None}
+        ours |= {self._aux_ports.get(key, 0) for key, process in self._aux.items() if process.poll() is None}
         ours |= {self._keeper_ports.get(r, 0) for r, process in self._keepers.items() if process.poll() is None}
         for port in self.ports:
             if port not in ours and _can_listen(self.host, port):
@@ -163,42 +168,47 @@ class SwarmHost:
             return peer
 
     def _companion_slot(
-        self, run_id: str, running: Mapping[str, subprocess.Popen[Any]], what: str
+        self, run_id: str, process: subprocess.Popen[Any] | None, kind: PeerKind, what: str, index: int = 0
     ) -> tuple[list[str], int] | None:
         """Where a companion of the bootstrap peer (the auxiliary or the checkpoint peer) finds the swarm and the
-        port it listens on (call with the lock held); None while it runs, before the bootstrap peer is ready and
-        when no port is free."""
-        process = running.get(run_id)
+        port it listens on (call with the lock held); None while it runs (``process``), before the bootstrap peer
+        is ready and when no port is free."""
         peer = self._peers.get(run_id)
         if (process is not None and process.poll() is None) or peer is None or not peer.ready.is_set():
             return None
-        if not self.supervisor.may_start(run_id, "witness" if running is self._aux else "checkpoints"):
+        if not self.supervisor.may_start(run_id, kind, index):
             return None
         port = self._take_port(run_id, what)
         if port is None:
             return None
         return (self._local_maddrs(peer) if self.announce_host else peer.maddrs), port
 
-    def start_aux(self, run_id: str, config: dict[str, Any]) -> None:
-        """Run the experiment's auxiliary peer (``aux_peer.py``, the swarm's witness) once its bootstrap peer is
-        ready. ``config``: the experiment's config and its corpus folder (``events.AuxConfig``)."""
+    def start_aux(self, run_id: str, config: dict[str, Any], index: int = 0) -> None:
+        """Run the experiment's auxiliary peer number ``index`` (``aux_peer.py``, a witness of the swarm's rounds)
+        once its bootstrap peer is ready. ``config``: the experiment's config and its corpus folder
+        (``events.AuxConfig``)."""
+        key = (run_id, index)
         with self._lock:
-            slot = self._companion_slot(run_id, self._aux, "auxiliary peer")
+            slot = self._companion_slot(run_id, self._aux.get(key), "witness", "auxiliary peer", index)
             if slot is None:
                 return
             initial_peers, port = slot
             folder = peer_commands.peers_folder(self.data_dir)
-            peer_commands.write_aux_config(folder, run_id, config, initial_peers)
-            cmd = peer_commands.companion_command("aux_peer", folder, run_id, peer_commands.AUX, self._network, port)
-            process = self._popen_companion(cmd, peer_commands.companion_log(folder, run_id, peer_commands.AUX))
-            self._aux[run_id] = process
-            self._aux_ports[run_id] = port
+            kind = peer_commands.aux_kind(index)
+            peer_commands.write_aux_config(folder, run_id, config, initial_peers, kind)
+            cmd = peer_commands.companion_command("aux_peer", folder, run_id, kind, self._network, port)
+            process = self._popen_companion(cmd, peer_commands.companion_log(folder, run_id, kind))
+            self._aux[key] = process
+            self._aux_ports[key] = port
             reader = threading.Thread(
-                target=self._read_companion, args=(run_id, "witness", process), daemon=True, name=f"aux-{run_id}"
+                target=self._read_companion,
+                args=(run_id, "witness", process, index),
+                daemon=True,
+                name=f"{kind}-{run_id}",
             )
             reader.start()
-            self.supervisor.watch(run_id, "witness", process, lambda: self._aux.get(run_id), reader)
-            logger.info("started the auxiliary peer for %s (pid %s)", run_id, process.pid)
+            self.supervisor.watch(run_id, "witness", process, lambda: self._aux.get(key), reader, index)
+            logger.info("started auxiliary peer %d for %s (pid %s)", index, run_id, process.pid)
 
     def _popen_companion(self, cmd: list[str], log: Path) -> subprocess.Popen[str]:
         """A companion peer: its events on stdout (text), its log (stderr) copied into ``log``, capped."""
@@ -214,14 +224,14 @@ class SwarmHost:
         peer_logs.copy_to_log(stderr.buffer, log, self.log_max_bytes)
         return process
 
-    def _read_companion(self, run_id: str, kind: PeerKind, process: subprocess.Popen[str]) -> None:
+    def _read_companion(self, run_id: str, kind: PeerKind, process: subprocess.Popen[str], index: int = 0) -> None:
         assert process.stdout is not None
         for line in process.stdout:
             event = parse(line)
             if isinstance(event, Failed):
-                self.supervisor.record(run_id, kind).failed_with(event.error)
+                self.supervisor.record(run_id, kind, index).failed_with(event.error)
             elif isinstance(event, Ready):
-                record = self.supervisor.record(run_id, kind)
+                record = self.supervisor.record(run_id, kind, index)
                 record.in_swarm, record.peer_id = True, event.peer_id
                 logger.info("the %s peer of %s is in the swarm as %s", kind, run_id, event.peer_id)
 
@@ -229,7 +239,7 @@ class SwarmHost:
         """Run the experiment's checkpoint peer (``checkpoint_peer.py``) once its bootstrap peer is ready.
         ``config``: the experiment's config, its corpus folder, and how often to save."""
         with self._lock:
-            slot = self._companion_slot(run_id, self._keepers, "checkpoint peer")
+            slot = self._companion_slot(run_id, self._keepers.get(run_id), "checkpoints", "checkpoint peer")
             if slot is None:
                 return
             initial_peers, port = slot
@@ -297,21 +307,47 @@ class SwarmHost:
         peer_ids = {m.rsplit("/p2p/", 1)[1] for m in peer.maddrs if "/p2p/" in m}
         return [f"{tcp_maddr(host, peer.port)}/p2p/{peer_id}" for peer_id in sorted(peer_ids)] or peer.maddrs
 
-    def stop_aux(self, run_id: str, timeout: float = 30.0) -> int | None:
-        """Stop the auxiliary peer; its exit code (0: it left the swarm cleanly), None when none ran."""
+    def stop_aux(self, run_id: str, timeout: float = 30.0, first: int = 0) -> int | None:
+        """Stop the auxiliary peers numbered ``first`` and above; the first one's exit code (0: it left the swarm
+        cleanly), None when none ran."""
         with self._lock:
-            process = self._aux.pop(run_id, None)
-            self._aux_ports.pop(run_id, None)
-            self.supervisor.forget(run_id, "witness")
-        if process is None:
-            return None
-        terminate(process, timeout)
-        logger.info("stopped the auxiliary peer for %s", run_id)
-        return process.returncode
+            keys = sorted(key for key in self._aux if key[0] == run_id and key[1] >= first)
+            stopping = [(key[1], self._aux.pop(key)) for key in keys]
+            for key in keys:
+                self._aux_ports.pop(key, None)
+                self.supervisor.forget(run_id, "witness", key[1])
+        for index, process in stopping:
+            terminate(process, timeout)
+            logger.info("stopped auxiliary peer %d for %s", index, run_id)
+        return stopping[0][1].returncode if stopping else None
 
-    def aux_running(self, run_id: str) -> bool:
-        process = self._aux.get(run_id)
+    def aux_running(self, run_id: str, index: int = 0) -> bool:
+        process = self._aux.get((run_id, index))
         return process is not None and process.poll() is None
+
+    def witnesses_wanted(self, run_id: str, group_size: int) -> int:
+        """How many witnesses the swarm needs: one per averaging group of ``group_size`` volunteers' peers (as the
+        monitor last counted them), between 1 and ``MAX_WITNESSES``; 1 for a swarm of one group (0)."""
+        peer = self._peers.get(run_id)
+        if group_size <= 0 or peer is None or peer.progress is None:
+            return 1
+        return max(1, min(MAX_WITNESSES, math.ceil(peer.progress.volunteer_peers / group_size)))
+
+    def _keep_witnesses(self, run_id: str, config: dict[str, Any]) -> None:
+        """Run as many witnesses as :meth:`witnesses_wanted`: more at once when the swarm grows, fewer once it has
+        needed fewer for ``FEWER_AFTER_SECONDS`` (peers come and go between rounds)."""
+        group_size = int((config.get("experiment") or {}).get("group_size") or 0)
+        wanted = self.witnesses_wanted(run_id, group_size)
+        for index in range(wanted):
+            self.start_aux(run_id, config, index)
+        running = 1 + max((key[1] for key in self._aux if key[0] == run_id), default=0)
+        if running <= wanted:
+            self._fewer_since.pop(run_id, None)
+            return
+        since = self._fewer_since.setdefault(run_id, time.monotonic())
+        if time.monotonic() - since >= FEWER_AFTER_SECONDS:
+            self._fewer_since.pop(run_id, None)
+            self.stop_aux(run_id, first=wanted)
 
     def stop(self, run_id: str, timeout: float = 15.0) -> None:
         self.stop_aux(run_id)
@@ -337,8 +373,8 @@ class SwarmHost:
             self.write_denied(run_id, denied)
             self.start(run_id, signing_key)
             if aux is not None:
-                self.start_aux(run_id, aux)
-            elif run_id in self._aux:
+                self._keep_witnesses(run_id, aux)
+            elif any(key[0] == run_id for key in self._aux):
                 self.stop_aux(run_id)
             if keeper is not None:
                 self.write_restore(run_id, keeper.get("restore"))
@@ -377,7 +413,7 @@ class SwarmHost:
     def close(self) -> None:
         for run_id in list(self._keepers):
             self.stop_keeper(run_id)
-        for run_id in list(self._aux):
+        for run_id in sorted({key[0] for key in self._aux}):
             self.stop_aux(run_id)
         for run_id in list(self._peers):
             self.stop(run_id)

@@ -49,6 +49,11 @@ class PeerState(BaseModel):
     state: Literal["running", "restarting"] = Field(
         description="running: its process is alive; restarting: it exited and is started again at next_attempt_at"
     )
+    index: int = Field(
+        default=0,
+        description="Which of the experiment's witnesses it is (one per averaging group: 0, 1, ...); 0 for the "
+        "other kinds",
+    )
     in_swarm: bool = Field(description="Whether it has joined the swarm since it last started")
     peer_id: str | None = Field(default=None, description="Its peer ID in the swarm, once it has joined")
     since: datetime = Field(description="When it entered this state (started, or exited)")
@@ -60,9 +65,10 @@ class PeerState(BaseModel):
 
 @dataclass
 class Supervision:
-    """The restart record of one peer process (one experiment, one kind)."""
+    """The restart record of one peer process (one experiment, one kind, one index)."""
 
     kind: PeerKind
+    index: int = 0
     running: bool = False
     in_swarm: bool = False  # it said ``ready`` since its last start
     peer_id: str | None = None  # what it said it is in the swarm (kept across restarts: its identity file is)
@@ -104,10 +110,14 @@ class Supervision:
         self.next_start = now + delay
         if error not in self.logged:  # once per distinct error, not once per restart
             self.logged.add(error)
-            logger.error("the %s peer of %s exited: %s (restarting with backoff)", self.kind, run_id, error)
+            logger.error("the %s peer of %s exited: %s (restarting with backoff)", self.name, run_id, error)
         else:
-            logger.debug("the %s peer of %s exited again: %s; next start in %.1f s", self.kind, run_id, error, delay)
+            logger.debug("the %s peer of %s exited again: %s; next start in %.1f s", self.name, run_id, error, delay)
         return delay
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {self.index}" if self.index else self.kind
 
     def state(self) -> PeerState:
         def stamp(value: float | None) -> datetime | None:
@@ -118,6 +128,7 @@ class Supervision:
             next_attempt = stamp(time.time() + max(0.0, self.next_start - time.monotonic()))
         return PeerState(
             kind=self.kind,
+            index=self.index,
             state="running" if self.running else "restarting",
             in_swarm=self.in_swarm,
             peer_id=self.peer_id,
@@ -130,27 +141,27 @@ class Supervision:
 
 
 class Supervisor:
-    """The restart records of one host's peer processes, by (run_id, kind). ``lock`` is the host's: an exit is
+    """The restart records of one host's peer processes, by (run_id, kind, index). ``lock`` is the host's: an exit is
     recorded under it, so that a reconcile never sees a process gone and its backoff not yet started."""
 
     def __init__(self, lock: threading.Lock):
         self._lock = lock
-        self._records: dict[tuple[str, PeerKind], Supervision] = {}
+        self._records: dict[tuple[str, PeerKind, int], Supervision] = {}
 
-    def record(self, run_id: str, kind: PeerKind) -> Supervision:
-        found = self._records.get((run_id, kind))
+    def record(self, run_id: str, kind: PeerKind, index: int = 0) -> Supervision:
+        found = self._records.get((run_id, kind, index))
         if found is None:
-            found = self._records[(run_id, kind)] = Supervision(kind)
+            found = self._records[(run_id, kind, index)] = Supervision(kind, index)
         return found
 
-    def may_start(self, run_id: str, kind: PeerKind) -> bool:
+    def may_start(self, run_id: str, kind: PeerKind, index: int = 0) -> bool:
         """Whether a peer process that is not running may be started now (call with the lock held): not before the
         backoff of its last exit has passed."""
-        return self.record(run_id, kind).may_start()
+        return self.record(run_id, kind, index).may_start()
 
-    def forget(self, run_id: str, kind: PeerKind) -> None:
+    def forget(self, run_id: str, kind: PeerKind, index: int = 0) -> None:
         """The host stopped the process on purpose (call with the lock held)."""
-        self._records.pop((run_id, kind), None)
+        self._records.pop((run_id, kind, index), None)
 
     def watch(
         self,
@@ -159,11 +170,12 @@ class Supervisor:
         process: subprocess.Popen[Any],
         current: Callable[[], subprocess.Popen[Any] | None],
         reader: threading.Thread | None = None,
+        index: int = 0,
     ) -> None:
         """Record ``process``'s start and, in a thread, its exit: unless the host stopped it on purpose (it is no
         longer ``current()``), the exit starts its backoff. What it forked (hivemind's DHT and averagers, p2pd) is
         in its process group: a peer that died is not left with orphans holding its port and its pipes."""
-        record = self.record(run_id, kind)
+        record = self.record(run_id, kind, index)
         record.started()
 
         def wait() -> None:
@@ -176,7 +188,7 @@ class Supervisor:
                 if current() is process:
                     record.exited(code, run_id)
 
-        threading.Thread(target=wait, daemon=True, name=f"wait-{kind}-{run_id}").start()
+        threading.Thread(target=wait, daemon=True, name=f"wait-{kind}{index or ''}-{run_id}").start()
 
     def states(self, run_id: str) -> list[PeerState]:
         """The state of each peer process the host runs (or restarts) for ``run_id``."""

@@ -77,6 +77,12 @@ class PeerRole(str, Enum):
 
 MAX_TARGET_BATCH_SIZE = 1_048_576  # samples per optimizer step: the largest target an experiment may set
 MAX_BANDWIDTH_MBPS = 1_000_000.0  # 1 Tbit/s: above any link a volunteer has
+MAX_GROUP_SIZE = 1024  # volunteers' peers per averaging group: the largest an experiment may set
+GROUP_SIZE_HELP = (
+    "Volunteers' peers per gradient averaging group: 0 averages every peer in one group; 2 or more splits a large "
+    "swarm into groups of at most that many each round (hivemind's target_group_size), and the server runs one "
+    "witness per group, so that every group's round is credited"
+)
 
 
 class TrainingSettings(BaseModel):
@@ -106,6 +112,12 @@ class TrainingSettings(BaseModel):
         description="How each reducer combines the peers' parts: mean, or centered-clip (robust to a minority of "
         "peers sending poisoned gradients; non-finite parts are dropped and claimed weights capped either way)",
     )
+    group_size: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_GROUP_SIZE,
+        description=GROUP_SIZE_HELP,
+    )
     overlap: Overlap = Field(
         default=Overlap.none,
         description="Overlap communication with computation: none, delayed-step, delayed-averaging "
@@ -113,12 +125,25 @@ class TrainingSettings(BaseModel):
         "otherwise)",
     )
 
+    @field_validator("group_size")
+    @classmethod
+    def _group_of_two_or_more(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError("a group holds 2 peers or more (0: one group of every peer)")
+        return value
+
 
 class ExperimentConfig(TrainingSettings):
     """The experiment as a worker receives it."""
 
     slug: str
     title: str
+
+    # A worker of a release before ``group_size`` refuses a config with a field it does not know: a swarm of one group
+    # (0) sends none, as before.
+    group_size: int = Field(
+        default=0, ge=0, le=MAX_GROUP_SIZE, exclude_if=lambda value: value == 0, description=GROUP_SIZE_HELP
+    )
 
 
 class ExperimentSummary(BaseModel):

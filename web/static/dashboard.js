@@ -131,7 +131,7 @@
         let state = p.state;
         if (p.state === "running" && !p.in_swarm) state += " (joining)";
         if (p.next_attempt_at) state += ", next try " + hhmmss(p.next_attempt_at);
-        [p.kind, state, hhmmss(p.since), String(p.restarts), p.last_error || "—"].forEach(function (text, i) {
+        [p.kind + (p.index ? " " + (p.index + 1) : ""), state, hhmmss(p.since), String(p.restarts), p.last_error || "—"].forEach(function (text, i) {
           const td = document.createElement("td");
           td.textContent = text;
           if (i === 1) td.className = "state" + (p.state !== "running" ? " warn" : "");

@@ -161,3 +161,58 @@ def _needed_group_size(self: Any) -> int:
     if not any(expiration >= now - _GRACE for peer, expiration in declared.items() if peer in witnesses):
         return base  # no witness looking for a group lately: nothing to wait for
     return _NEVER
+
+
+# -- averaging groups of a set size, one witness each ---------------------------------------------------------------
+#
+# A swarm of many peers averages in groups (the experiment's ``group_size``: hivemind's ``target_group_size``), and a
+# witness can sit in one group per round: the server runs one witness per group (``server/swarm/host.py``). So that
+# the groups share them out, a leader of a gradient round (:func:`limit_groups`) refuses a second witness (its group
+# holds one, or it is one), and refuses a volunteer's peer once its group holds ``group_size`` of them; hivemind's
+# target size is one more (:func:`target_group_size`), so a group of ``group_size`` volunteers' peers and a witness is
+# full and begins at once. A refused peer asks the next leader, as for a full group in hivemind (GROUP_IS_FULL). A
+# leader with fewer peers begins at its declared time, as before; one without a witness waits for one as above.
+
+_GROUP_SIZE = 0  # volunteers' peers per gradient group; 0: no limit (one group)
+_SELF_WITNESS = False  # this process is one of the server's witnesses
+
+
+def target_group_size(group_size: int) -> int | None:
+    """hivemind's ``target_group_size`` for the gradient averager of an experiment whose ``group_size`` is given:
+    room for a witness beside ``group_size`` volunteers' peers; None (no limit) for 0."""
+    return group_size + 1 if group_size > 0 else None
+
+
+def limit_groups(group_size: int, witness: bool = False) -> None:
+    """Make the gradient rounds this process (and the averager processes it forks after this call) leads hold at most
+    ``group_size`` volunteers' peers and one witness; ``witness``: this process is one of the server's witnesses."""
+    from hivemind.averaging.matchmaking import Matchmaking
+
+    global _GROUP_SIZE, _SELF_WITNESS
+    _GROUP_SIZE, _SELF_WITNESS = group_size, witness
+    if group_size <= 0 or hasattr(Matchmaking._check_reasons_to_reject, "__swarmhub_original__"):
+        return
+    original = Matchmaking._check_reasons_to_reject
+
+    def _check_reasons_to_reject(self: Any, request: Any, context: Any) -> Any:
+        found = original(self, request, context)
+        if found is not None or _GROUP_SIZE <= 0 or not self._prefix.endswith("_grad_averager"):
+            return found
+        return _past_group_rules(self, context.remote_id)
+
+    _check_reasons_to_reject.__swarmhub_original__ = original  # type: ignore[attr-defined]
+    Matchmaking._check_reasons_to_reject = _check_reasons_to_reject  # type: ignore[method-assign]
+
+
+def _past_group_rules(matchmaking: Any, joining: Any) -> Any:
+    """A GROUP_IS_FULL answer for ``joining`` where the leader's group has room for no more of its kind; else None."""
+    from hivemind.proto import averaging_pb2
+
+    witnesses = _WITNESSES | _SERVER_PEERS
+    followers = [peer.to_base58() for peer in matchmaking.current_followers]
+    if joining.to_base58() in witnesses:
+        full = _SELF_WITNESS or any(peer in witnesses for peer in followers)
+    else:
+        volunteers = sum(1 for peer in followers if peer not in witnesses) + (0 if _SELF_WITNESS else 1)
+        full = volunteers >= _GROUP_SIZE
+    return averaging_pb2.MessageFromLeader(code=averaging_pb2.GROUP_IS_FULL) if full else None

@@ -159,11 +159,17 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
     """``roster`` (the swarm's, see ``swarm_epoch.Roster``) makes the progress tracker read the swarm's epoch through
     ``swarm_epoch.bounded_progress``: a record with a made-up epoch moves no one."""
 
-    def __init__(self, *args: Any, roster: swarm_epoch.Roster | None = None, **kwargs: Any):
+    def __init__(
+        self, *args: Any, roster: swarm_epoch.Roster | None = None, target_group_size: int | None = None, **kwargs: Any
+    ):
         self._roster = roster
         # hivemind 1.1.12 gives ``averager_opts`` to the state averager only: the gradient rounds, which carry the
         # traffic, would split the vector evenly whatever a peer's bandwidth
         self._grad_averager_opts = dict(kwargs.get("averager_opts") or {})
+        # the experiment's averaging groups (``matchmaking.target_group_size``): gradient rounds only, as the
+        # state averager's rounds are rare and carry no credit
+        if target_group_size is not None:
+            self._grad_averager_opts["target_group_size"] = target_group_size
         self._behind_since: float | None = None  # out of sync since, with no state at the swarm's epoch found
         super().__init__(*args, **kwargs)
 

@@ -293,6 +293,10 @@ def train(
             # a round this peer leads waits a little for the hub's witness: only witnessed rounds earn credit
             witnesses = frozenset(join.witness_peers) - {str(dht.peer_id)}
             matchmaking.expect_witnesses(witnesses, matchmaking.witness_grace(cfg.matchmaking_time))
+            # the experiment's averaging groups: at most group_size volunteers' peers and one witness each
+            matchmaking.limit_groups(
+                cfg.group_size, witness=auxiliary and join.username == swarm_access.SERVER_PEER_USERNAME
+            )
             # what this peer accepts from the others: averaged parts, the swarm's epoch, downloaded state
             robust.install(
                 cfg.aggregation.value,
@@ -333,6 +337,7 @@ def train(
                     # The measured link speed: hivemind gives faster peers a larger part of the vector to reduce
                     # (SwarmOptimizer gives it to the gradient averager too).
                     averager_opts={"bandwidth": bandwidth} if bandwidth is not None else None,
+                    target_group_size=matchmaking.target_group_size(cfg.group_size),
                     **overlap_options(overlap),
                     # An auxiliary peer reads the swarm's progress every fraction of a second, so that it looks
                     # for each round's group when the trainers do, even with epochs of a few seconds (for the

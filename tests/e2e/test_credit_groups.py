@@ -1,0 +1,84 @@
+"""Credit beyond one averaging group: a real server, an experiment with ``group_size`` 3, six real `swarmhub join`
+volunteers. The swarm averages in groups of at most three volunteers' peers, the server runs one witness per group
+(two here), and every volunteer is credited verified samples, which only a witness can give."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ..processes import outlived, running_server, signup, wait_volunteers
+from .test_credit_every_task import join, verified, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(600)]
+
+SLUG = "credited"  # the name test_credit_every_task's join() joins
+GROUP_SIZE = 3
+VOLUNTEERS = ("ada", "grace", "alan", "edsger", "barbara", "donald")
+CREDIT_SECONDS = 300  # from the volunteers' start: six peers start and join on two busy cores
+
+
+def witnesses(url: str, organizer: dict[str, str]) -> list[dict[str, Any]]:
+    view = httpx.get(f"{url}/api/experiments/{SLUG}/swarm", headers=organizer).json()
+    return [state for state in view["server_peers"] if state["kind"] == "witness"]
+
+
+def rounds(database: Path) -> dict[tuple[int, str], list[str]]:
+    """Each witnessed round's senders (their peer IDs), by (the swarm's epoch, the round's group ID), from the
+    ledger."""
+    with sqlite3.connect(database) as db:
+        rows = db.execute(
+            "SELECT w.epoch, w.round_id, c.peer_id FROM witnessed_rounds w "
+            "JOIN round_credits c ON c.round_pk = w.id WHERE c.weight > 0"
+        ).fetchall()
+    found: dict[tuple[int, str], list[str]] = defaultdict(list)
+    for epoch, round_id, peer_id in rows:
+        found[epoch, round_id].append(peer_id)
+    return found
+
+
+def test_six_volunteers_in_groups_of_three_are_each_credited(tmp_path: Path) -> None:
+    with running_server(tmp_path) as (url, _):
+        organizer = {"Authorization": f"Bearer {signup(url, 'organizer')}"}
+        body = {
+            "slug": SLUG,
+            "title": "Credit in groups",
+            "task": "digits",
+            "task_params": {"hidden_size": 32, "batch_size": 32},
+            "learning_rate": 0.003,
+            "target_batch_size": 512,
+            "matchmaking_time": 2.0,
+            "averaging_timeout": 20.0,
+            "group_size": GROUP_SIZE,
+        }
+        created = httpx.post(f"{url}/api/experiments", headers=organizer, json=body)
+        assert created.status_code == 201, created.text
+        assert created.json()["group_size"] == GROUP_SIZE
+        started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
+        assert started.json()["status"] == "running", started.text
+        workers = [join(url, tmp_path, name) for name in VOLUNTEERS]
+        try:
+            wait_for(
+                lambda: all(verified(url, organizer).get(name, {}).get("samples", 0) > 0 for name in VOLUNTEERS),
+                CREDIT_SECONDS,
+                f"all six volunteers credited: {verified(url, organizer)}; witnesses {witnesses(url, organizer)}",
+            )
+            states = witnesses(url, organizer)
+            assert sorted(state["index"] for state in states) == [0, 1], states
+            assert all(state["state"] == "running" for state in states), states
+            ledger = rounds(tmp_path / "e2e.db")
+            # no witnessed round held more volunteers' peers than a group takes
+            assert ledger and max(len(senders) for senders in ledger.values()) <= GROUP_SIZE, ledger
+            # and the swarm's step was averaged in two groups at once, each witnessed
+            per_epoch = defaultdict(set)
+            for epoch, group in ledger:
+                per_epoch[epoch].add(group)
+            assert max(len(groups) for groups in per_epoch.values()) >= 2, ledger
+        finally:
+            seen_children, _ = wait_volunteers(workers, tmp_path, until=lambda: True)
+    assert outlived(seen_children) == set()
