@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 from swarmhub.server.swarm.events import Progress
-from swarmhub.server.swarm.host import MAX_WITNESSES, Peer, SwarmHost
+from swarmhub.server.swarm.host import Peer, SwarmHost
+from swarmhub.server.swarm.witnesses import MAX_WITNESSES
 
 
 def test_one_witness_per_group_of_volunteers_peers(tmp_path: Path) -> None:

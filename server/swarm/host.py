@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import math
-import socket
 import subprocess
 import threading
 import time
@@ -27,14 +25,13 @@ from typing import Any
 
 from swarmhub.server.core.settings import tcp_maddr
 from swarmhub.server.swarm import commands as peer_commands
-from swarmhub.server.swarm import peer_logs
+from swarmhub.server.swarm import peer_logs, witnesses
 from swarmhub.server.swarm.events import Checkpoint, Failed, Keeping, Progress, Ready, parse
+from swarmhub.server.swarm.ports import PortRange
 from swarmhub.server.swarm.supervision import PeerKind, Supervisor, terminate
 
 logger = logging.getLogger("swarmhub.swarm")
 KEEPER_WAIT_SECONDS = 180.0  # joins wait this long at most for a starting checkpoint peer
-MAX_WITNESSES = 8  # witnesses (auxiliary peers) per experiment at most: one per averaging group
-FEWER_AFTER_SECONDS = 120.0  # a witness no group needs is stopped once none has needed it for this long
 
 
 @dataclass
@@ -69,18 +66,17 @@ class SwarmHost:
         self.host = host
         self.enabled = enabled
         self.token_minutes = token_minutes
-        self.ports = ports  # None: random ports
+        self.ports = PortRange(host, ports)
         self.announce_host = announce_host if ports is not None else ""  # hivemind announces known ports only
         self._peers: dict[str, Peer] = {}
         # (run_id, index) -> the server's auxiliary peers (its witnesses, one per averaging group), when asked for
         self._aux: dict[tuple[str, int], subprocess.Popen[str]] = {}
         self._aux_ports: dict[tuple[str, int], int] = {}
-        self._fewer_since: dict[str, float] = {}  # run_id -> since when it needs fewer witnesses than it runs
+        self._shrinking = witnesses.Shrinking()
         self._keepers: dict[str, subprocess.Popen[str]] = {}  # run_id -> the checkpoint peer, for tasks that keep them
         self._keeper_ports: dict[str, int] = {}
         self._keeper_ready: set[str] = set()  # run_ids whose checkpoint peer is in the swarm with its state
         self._keeper_started: dict[str, float] = {}
-        self._short_of_ports: set[str] = set()  # run_ids whose peer found no free port (logged once)
         self._lock = threading.Lock()
         self.supervisor = Supervisor(self._lock)  # restarts, backoff, last error and state of each peer process
         # Called (in the peer's reader thread) with each progress event: the verified-contribution ledger.
@@ -111,26 +107,10 @@ class SwarmHost:
 
     def _take_port(self, run_id: str, what: str) -> int | None:
         """A free port of the range (call with the lock held); 0 without a range; None when all are taken."""
-        if self.ports is None:
-            return 0
         ours = {p.port for p in self._peers.values() if p.process.poll() is None}
         ours |= {self._aux_ports.get(key, 0) for key, process in self._aux.items() if process.poll() is None}
         ours |= {self._keeper_ports.get(r, 0) for r, process in self._keepers.items() if process.poll() is None}
-        for port in self.ports:
-            if port not in ours and _can_listen(self.host, port):
-                self._short_of_ports.discard(run_id)
-                return port
-        if run_id not in self._short_of_ports:
-            self._short_of_ports.add(run_id)
-            logger.error(
-                "no free port left in SWARMHUB_SWARM_PORTS=%s-%s for the %s of %s: widen the range (and open it "
-                "in the firewall) or stop other experiments; trying again at each reconcile",
-                self.ports.start,
-                self.ports.stop - 1,
-                what,
-                run_id,
-            )
-        return None
+        return self.ports.take(ours, run_id, what)
 
     @property
     def _network(self) -> peer_commands.Network:
@@ -326,27 +306,19 @@ class SwarmHost:
         return process is not None and process.poll() is None
 
     def witnesses_wanted(self, run_id: str, group_size: int) -> int:
-        """How many witnesses the swarm needs: one per averaging group of ``group_size`` volunteers' peers (as the
-        monitor last counted them), between 1 and ``MAX_WITNESSES``; 1 for a swarm of one group (0)."""
+        """How many witnesses the swarm needs now (``witnesses.wanted``, from the monitor's last count)."""
         peer = self._peers.get(run_id)
-        if group_size <= 0 or peer is None or peer.progress is None:
-            return 1
-        return max(1, min(MAX_WITNESSES, math.ceil(peer.progress.volunteer_peers / group_size)))
+        progress = peer.progress if peer is not None else None
+        return witnesses.wanted(progress.volunteer_peers if progress is not None else None, group_size)
 
     def _keep_witnesses(self, run_id: str, config: dict[str, Any]) -> None:
-        """Run as many witnesses as :meth:`witnesses_wanted`: more at once when the swarm grows, fewer once it has
-        needed fewer for ``FEWER_AFTER_SECONDS`` (peers come and go between rounds)."""
+        """Run as many witnesses as :meth:`witnesses_wanted` (see ``witnesses.py``)."""
         group_size = int((config.get("experiment") or {}).get("group_size") or 0)
         wanted = self.witnesses_wanted(run_id, group_size)
         for index in range(wanted):
             self.start_aux(run_id, config, index)
         running = 1 + max((key[1] for key in self._aux if key[0] == run_id), default=0)
-        if running <= wanted:
-            self._fewer_since.pop(run_id, None)
-            return
-        since = self._fewer_since.setdefault(run_id, time.monotonic())
-        if time.monotonic() - since >= FEWER_AFTER_SECONDS:
-            self._fewer_since.pop(run_id, None)
+        if self._shrinking.due(run_id, running, wanted):
             self.stop_aux(run_id, first=wanted)
 
     def stop(self, run_id: str, timeout: float = 15.0) -> None:
@@ -421,15 +393,3 @@ class SwarmHost:
 
 def _process_of(peer: Peer | None) -> subprocess.Popen[str] | None:
     return peer.process if peer is not None else None
-
-
-def _can_listen(host: str, port: int) -> bool:
-    """Whether nothing listens on ``host``:``port`` now (with SO_REUSEADDR, as p2pd binds its listener)."""
-    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True

@@ -1,0 +1,50 @@
+"""The ports the server's peer processes listen on, behind a firewall or NAT: each takes a free one of the
+operator's range (``SWARMHUB_SWARM_PORTS``); without a range, each listens on a random port (0)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+
+logger = logging.getLogger("swarmhub.swarm")
+
+
+class PortRange:
+    def __init__(self, host: str, ports: range | None):
+        self.host = host
+        self.ports = ports  # None: random ports
+        self._short: set[str] = set()  # run_ids whose peer found no free port (logged once)
+
+    def take(self, in_use: set[int], run_id: str, what: str) -> int | None:
+        """A free port of the range, not one of ``in_use`` (the host's running peers'); 0 without a range; None
+        when all are taken (logged once per run until one is free again)."""
+        if self.ports is None:
+            return 0
+        for port in self.ports:
+            if port not in in_use and can_listen(self.host, port):
+                self._short.discard(run_id)
+                return port
+        if run_id not in self._short:
+            self._short.add(run_id)
+            logger.error(
+                "no free port left in SWARMHUB_SWARM_PORTS=%s-%s for the %s of %s: widen the range (and open it "
+                "in the firewall) or stop other experiments; trying again at each reconcile",
+                self.ports.start,
+                self.ports.stop - 1,
+                what,
+                run_id,
+            )
+        return None
+
+
+def can_listen(host: str, port: int) -> bool:
+    """Whether nothing listens on ``host``:``port`` now (with SO_REUSEADDR, as p2pd binds its listener)."""
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
