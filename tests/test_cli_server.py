@@ -9,6 +9,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -112,11 +113,18 @@ def test_join_failures_are_one_line_with_the_next_step(db, live_server, cli_env)
     assert removed.exit_code == 8
     assert "You were removed from 'open-one' by its organizer" in removed.output
 
+    # This server runs no swarm peers: its 503 has no Retry-After, so `join` says so at once instead of waiting
+    # the minutes a swarm takes to start.
+    started = time.monotonic()
+    no_swarm = run(["join", "open-one"], env)
+    assert no_swarm.exit_code == 5 and time.monotonic() - started < 30
+    assert "The server cannot run 'open-one' now: this server runs no swarm peers" in no_swarm.output
+
     httpx.delete(f"{live_server.url}/api/auth/token", headers={"Authorization": f"Bearer {token}"})
     revoked = run(["join", "on-hold"], env)
     assert revoked.exit_code == 3
     assert "swarmhub login" in revoked.output
-    for result in (not_logged_in, unknown, paused, removed, revoked):
+    for result in (not_logged_in, unknown, paused, removed, no_swarm, revoked):
         assert "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1
 
@@ -306,6 +314,36 @@ def test_join_refuses_a_hub_whose_swarm_speaks_another_protocol(settings, tmp_pa
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
     speaks = 1 if hub_speaks is None else hub_speaks
     assert f"speaks protocol {speaks} and this swarmhub {SWARM_PROTOCOL}: {fix}" in result.output
+
+
+def test_join_waits_while_the_swarm_starts_and_says_so_once(settings, tmp_path):
+    """A hub answers a join with 503 and Retry-After while it starts the experiment's swarm peer (a fresh peer
+    took over a minute on a busy 2-core server): `join` says once that it waits, and goes on when the hub is
+    ready (here to the protocol check of the real answer, which ends the run in one more line)."""
+    app, _ = hosted_elsewhere(settings, "starting-run")
+    joins: list[int] = []
+
+    def starting(url: str):
+        inner = join_rewriting_proxy(url, lambda answer: answer.update(swarm_protocol=SWARM_PROTOCOL + 1))
+
+        async def app(scope, receive, send):
+            if scope["type"] == "http" and scope["path"].endswith("/join"):
+                joins.append(1)
+                if len(joins) <= 2:
+                    body = json.dumps({"detail": "the experiment's swarm is starting: try again shortly"}).encode()
+                    headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
+                    await send({"type": "http.response.start", "status": 503, "headers": headers})
+                    await send({"type": "http.response.body", "body": body})
+                    return
+            await inner(scope, receive, send)
+
+        return app
+
+    result = join_through_proxy(app, "starting-run", starting, tmp_path)
+    assert len(joins) == 3, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0] == "The swarm of 'starting-run' is starting on the server: waiting for it (up to 3 minutes).", lines
+    assert len(lines) == 2 and "speaks protocol" in lines[1] and "Traceback" not in result.output
 
 
 def test_the_server_refuses_a_worker_too_old_for_its_swarm_and_admits_nothing(settings):

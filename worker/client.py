@@ -23,6 +23,7 @@ code  meaning
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -63,7 +64,9 @@ from swarmhub.worker.errors import upgrade_required as upgrade_required
 
 T = TypeVar("T")
 
-JOIN_RETRY_SECONDS = 60.0  # how long `join` waits for an experiment's swarm peer to start (HTTP 503)
+# How long `join` waits for an experiment's swarm peer to start (HTTP 503): a fresh peer imports torch and hivemind
+# and starts its p2pd, which took over 60 s on a busy 2-core server.
+JOIN_RETRY_SECONDS = 180.0
 # The server may hold a join while it starts the swarm peer: a longer read timeout than other calls.
 JOIN_TIMEOUT = httpx.Timeout(15.0, read=60.0)
 DATA_TIMEOUT = httpx.Timeout(15.0, read=120.0)  # one corpus file (a shard is a few MB at most)
@@ -286,9 +289,18 @@ class ApiClient:
         self._raise_for_status(response, slug=slug)
         return self._parse(ExperimentDetail, response)
 
-    def join(self, slug: str, request: JoinRequest, *, retry_for: float = JOIN_RETRY_SECONDS) -> JoinResponse:
-        """Join an experiment; waits (up to ``retry_for`` s) while the server starts its swarm peer (503)."""
+    def join(
+        self,
+        slug: str,
+        request: JoinRequest,
+        *,
+        retry_for: float = JOIN_RETRY_SECONDS,
+        on_wait: Callable[[float], None] | None = None,
+    ) -> JoinResponse:
+        """Join an experiment; waits (up to ``retry_for`` s) while the server starts its swarm peer (503), calling
+        ``on_wait(retry_for)`` once when it starts waiting."""
         path = f"/api/experiments/{quote(slug, safe='')}/join"
+        waited = False
         body = request.model_dump(mode="json", exclude_none=True)  # what it does not report, it leaves out
         deadline = time.monotonic() + retry_for
         while True:
@@ -297,7 +309,11 @@ class ApiClient:
                 # A server older than these optional fields forbids unknown ones: join without them.
                 body = {name: value for name, value in body.items() if name not in JOIN_REPORT_FIELDS}
                 continue
-            if response.status_code == 503 and time.monotonic() < deadline:
+            starting = response.status_code == 503 and "retry-after" in response.headers  # else it never will
+            if starting and time.monotonic() < deadline:
+                if on_wait is not None and not waited:
+                    on_wait(retry_for)
+                waited = True
                 time.sleep(min(_retry_after(response), max(deadline - time.monotonic(), 0.1)))
                 continue
             break
@@ -307,9 +323,12 @@ class ApiClient:
             except WorkerError:
                 status = "not running"
             raise not_accepting(slug, status)
+        if response.status_code == 503 and "retry-after" not in response.headers:
+            raise WorkerError(f"The server cannot run {slug!r} now: {_detail(response)}", ExitCode.UNREACHABLE)
         if response.status_code == 503:
             raise WorkerError(
-                f"The swarm of {slug!r} did not start within {retry_for:.0f} s: try again in a minute",
+                f"The swarm of {slug!r} did not start within {retry_for:.0f} s: try again in a few minutes, or ask the"
+                " experiment's organizer whether its server is up",
                 ExitCode.UNREACHABLE,
             )
         self._raise_for_status(response, slug=slug)

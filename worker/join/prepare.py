@@ -101,7 +101,13 @@ def join_and_train(
             bandwidth_mbps=min(bandwidth, MAX_BANDWIDTH_MBPS) if bandwidth else None,
         )
         sent_at = time.time()
-        joined = client.join(slug, request)
+        joined = client.join(
+            slug,
+            request,
+            on_wait=lambda most: click.echo(
+                f"The swarm of {slug!r} is starting on the server: waiting for it (up to {most / 60:.0f} minutes)."
+            ),
+        )
         check_clock(joined.server_time, sent_at, time.time())
         check_swarm_protocol(client.server_url, joined)
         if note:

@@ -43,6 +43,7 @@ from swarmhub.worker.swarm.aggregation import (
     AGGREGATIONS,
     ROBUST_STATE,
     STANDING_EARLY_PARTS,
+    STANDING_FLAG_T,
     WEIGHT_FLAG_FACTOR,
     Standing,
     capped_weights,
@@ -177,13 +178,21 @@ def make_reducer_class() -> type:
 
         def _dissent(self, sender_index: int, who: str) -> None:
             """``who`` was screened out of a part by its standing: no credit for this round, and a flag when its
-            standing is under zero after ``STANDING_EARLY_PARTS`` parts (on the whole against the others: evidence,
-            not one part's chance)."""
+            standing is under zero after ``STANDING_EARLY_PARTS`` parts by ``STANDING_FLAG_T`` standard errors of
+            its agreements or more (on the whole against the others: evidence, not a few parts' chance)."""
             if sender_index in self.dissented:
                 return
             self.dissented.add(sender_index)
-            logger.warning("left out %s's part: its gradients stand apart from the swarm's", who)
-            if who != self.own_id and STANDING.score[who] < 0 and STANDING.seen[who] >= STANDING_EARLY_PARTS:
+            score, seen, evidence = STANDING.score[who], STANDING.seen[who], STANDING.evidence(who)
+            logger.warning(
+                "left out %s's part: its gradients stand apart from the swarm's (standing %.3f over %d parts, %.1f"
+                " standard errors from zero)",
+                who,
+                score,
+                seen,
+                evidence,
+            )
+            if who != self.own_id and score < 0 and seen >= STANDING_EARLY_PARTS and evidence <= -STANDING_FLAG_T:
                 flag(who, DISSENT_REASON)
 
         def check_current_part_finished(self) -> None:
