@@ -275,6 +275,25 @@ def test_an_account_founds_a_few_teams_a_day(app, client, db, settings):
         assert session.scalar(select(func.count(Team.id))) == settings.quota_teams_per_day
 
 
+def test_a_team_founded_and_deleted_still_counts_toward_the_founders_quota(app, client, db, settings):
+    """Founding a team, leaving it (the last member: it is deleted) and founding again would be no quota at all;
+    nor does an administrator's removal of a team give its founder another."""
+    root = make_token(client, db, "root")  # the first account is the administrator, whom quotas spare
+    ada = make_token(client, db, "ada")
+    for i in range(settings.quota_teams_per_day):
+        assert client.post("/api/teams", json={"name": f"churn{i}"}, headers=ada).status_code == 201
+        if i == 0:  # removed by the administrator
+            assert client.delete(f"/api/teams/churn{i}", headers=root).status_code == 204
+        else:  # left by its only member: deleted with her
+            assert client.post(f"/api/teams/churn{i}/leave", headers=ada).status_code in (200, 204)
+    assert client.get("/api/teams").json() == []
+    refused = client.post("/api/teams", json={"name": "churn9"}, headers=ada)
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0, refused.text
+    assert refused.json()["field"] == "name"
+    with db() as session:
+        assert session.scalar(select(func.count(Team.id))) == 0
+
+
 def test_the_database_keeps_names_unique_whatever_the_case_and_one_team_per_volunteer(client, db):
     """What two requests at once could both get past the service's checks with: the unique index on lower(name)
     and the membership's primary key refuse the second write (``teams.create`` and ``teams.join`` answer it 409)."""

@@ -19,7 +19,7 @@ from swarmhub.common.protocol import ExperimentStatus
 from swarmhub.server import experiments
 from swarmhub.server.core.errors import Forbidden, TooManyRequests
 from swarmhub.server.core.settings import Settings
-from swarmhub.server.models import Corpus, Experiment, Team, User, utcnow
+from swarmhub.server.models import Corpus, Experiment, TeamFounding, User, utcnow
 
 DAY = timedelta(days=1)
 
@@ -55,14 +55,17 @@ def check_create(session: Session, settings: Settings, user: User) -> None:
 
 
 def check_team_create(session: Session, settings: Settings, user: User) -> None:
-    """429 (with Retry-After) when ``user`` created ``quota_teams_per_day`` teams in the last 24 hours (those since
-    deleted, by their last member leaving, do not count: they no longer crowd /teams)."""
+    """429 (with Retry-After) when ``user`` created ``quota_teams_per_day`` teams in the last 24 hours, those since
+    deleted included (by their last member leaving or by an administrator: ``TeamFounding``), or founding, leaving
+    and founding again would be no limit."""
     if user.is_admin:
         return
     _lock(session, user.id)
     now = utcnow()
     count, oldest = session.execute(
-        select(func.count(), func.min(Team.created_at)).where(Team.creator_id == user.id, Team.created_at > now - DAY)
+        select(func.count(), func.min(TeamFounding.created_at)).where(
+            TeamFounding.creator_id == user.id, TeamFounding.created_at > now - DAY
+        )
     ).one()
     limit = settings.quota_teams_per_day
     if count < limit:

@@ -18,7 +18,7 @@ from swarmhub.server.models.swarm import (
     SwarmPeerKey,
     WitnessedRound,
 )
-from swarmhub.server.models.teams import Team, TeamMember
+from swarmhub.server.models.teams import Team, TeamFounding, TeamMember
 from swarmhub.server.models.totals import ExperimentTotal, MetricBucket, VolunteerTotal
 from swarmhub.server.models.training import Checkpoint, Corpus
 
@@ -42,6 +42,7 @@ __all__ = [
     "SwarmPeer",
     "SwarmPeerKey",
     "Team",
+    "TeamFounding",
     "TeamMember",
     "UTCDateTime",
     "User",

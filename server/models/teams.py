@@ -34,6 +34,18 @@ class Team(Base):
     founder: Mapped[User | None] = relationship(foreign_keys=[founder_id], lazy="joined")
 
 
+class TeamFounding(Base):
+    """One team founded by an account, kept when the team itself is deleted (by its last member leaving, or by an
+    administrator): the per-account creation quota counts these, so founding, leaving and founding again is no way
+    around it."""
+
+    __tablename__ = "team_foundings"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    creator_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class TeamMember(Base):
     """A volunteer's membership: ``user_id`` is the primary key, so the database itself keeps a volunteer in at
     most one team at a time."""

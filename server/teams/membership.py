@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from swarmhub.server.accounts.users import is_reserved_username
 from swarmhub.server.core.errors import Conflict, Forbidden, NotFound
-from swarmhub.server.models import Team, TeamMember, User
+from swarmhub.server.models import Team, TeamFounding, TeamMember, User
 from swarmhub.server.models.teams import ADMIN, MEMBER
 from swarmhub.server.teams.schemas import TeamCreate, TeamName
 from swarmhub.server.teams.standings import membership, team_of
@@ -29,6 +29,7 @@ def create(session: Session, user: User, data: TeamCreate) -> Team:
             session.add(team)
             session.flush()
             session.add(TeamMember(user_id=user.id, team_id=team.id, role=ADMIN))
+            session.add(TeamFounding(creator_id=user.id, created_at=team.created_at))
     except IntegrityError:
         raise Conflict("that team name is taken, or you joined a team meanwhile", field="name") from None
     return team
