@@ -158,6 +158,7 @@ class Standing:
         self.square: dict[str, float] = {}  # the same exponential mean of the agreements' squares
         self.seen: dict[str, int] = {}
         self.left_out: list[str] = []  # the senders the latest :func:`combine` screened out
+        self.held_to: dict[str, float] = {}  # the standing each of them fell short of (0.0 for one part's evidence)
 
     def observe(self, senders: Sequence[str], cosines: Sequence[float], weights: Sequence[float]) -> None:
         """Each sender's agreement in one part, scaled by sqrt(median weight / its weight) (between 1/2 and 4):
@@ -176,8 +177,8 @@ class Standing:
                 oldest = next(iter(self.seen))
                 del self.seen[oldest], self.score[oldest], self.square[oldest]
 
-    def evidence(self, sender: str) -> float:
-        """How many standard errors the sender's standing is above zero (negative: below): its exponential mean
+    def evidence(self, sender: str, bound: float = 0.0) -> float:
+        """How many standard errors the sender's standing is above ``bound`` (negative: below): its exponential mean
         over the spread of the agreements it is made of, with as many parts as that mean weighs (its part count, at
         most (2 - decay) / decay). The spread is its sample spread pooled with ``STANDING_PRIOR_SPREAD`` weighed as
         ``STANDING_PRIOR_PARTS`` parts. 0.0 for a sender not seen."""
@@ -189,7 +190,7 @@ class Standing:
         variance = max(self.square[sender] - score * score, 0.0) * seen / max(seen - 1, 1)
         prior = STANDING_PRIOR_PARTS * STANDING_PRIOR_SPREAD**2
         spread = math.sqrt((parts * variance + prior) / (parts + STANDING_PRIOR_PARTS))
-        return score / (spread / math.sqrt(parts))
+        return (score - bound) / (spread / math.sqrt(parts))
 
     def screen(self, senders: Sequence[str], weights: Sequence[float], cosines: Sequence[float]) -> list[float]:
         """``weights`` with a zero for each sender that stands apart from the median standing of this part's senders
@@ -225,6 +226,8 @@ class Standing:
         ]
         if sum(out) * 2 <= sum(weights):
             return list(weights)
+        held = zip(senders, weights, seen, out, strict=True)
+        self.held_to = {s: max(bound(n), 0.0) for s, w, n, kept in held if w > 0 and not kept}
         return out
 
 

@@ -72,6 +72,7 @@ logger = logging.getLogger(__name__)
 # honest norm from an honest one.
 STANDING = Standing()
 DISSENT_REASON = "gradients against the swarm's"
+UNRELATED_REASON = "gradients unrelated to the swarm's"  # noise: a freeloader's parts, which train nothing
 
 
 def _reducer_base() -> type:
@@ -177,23 +178,27 @@ def make_reducer_class() -> type:
             return self.sender_ids[sender_index] if sender_index < len(self.sender_ids) else f"sender-{sender_index}"
 
         def _dissent(self, sender_index: int, who: str) -> None:
-            """``who`` was screened out of a part by its standing: no credit for this round, and a flag when its
-            standing is under zero after ``STANDING_EARLY_PARTS`` parts by ``STANDING_FLAG_T`` standard errors of
-            its agreements or more (on the whole against the others: evidence, not a few parts' chance)."""
+            """``who`` was screened out of a part by its standing: no credit for this round, and a flag when, after
+            ``STANDING_EARLY_PARTS`` parts, its standing is under the bound it was held to (zero, or half the
+            others' median) by ``STANDING_FLAG_T`` standard errors of its agreements or more: evidence over rounds,
+            not a few parts' chance. ``DISSENT_REASON`` when its standing is under zero (against the others, as a
+            sign-flipper's), ``UNRELATED_REASON`` otherwise (near zero, as noise's)."""
             if sender_index in self.dissented:
                 return
             self.dissented.add(sender_index)
-            score, seen, evidence = STANDING.score[who], STANDING.seen[who], STANDING.evidence(who)
+            bound = STANDING.held_to.get(who, 0.0)
+            score, seen, evidence = STANDING.score[who], STANDING.seen[who], STANDING.evidence(who, bound)
             logger.warning(
                 "left out %s's part: its gradients stand apart from the swarm's (standing %.3f over %d parts, %.1f"
-                " standard errors from zero)",
+                " standard errors from the %.3f it was held to)",
                 who,
                 score,
                 seen,
                 evidence,
+                bound,
             )
-            if who != self.own_id and score < 0 and seen >= STANDING_EARLY_PARTS and evidence <= -STANDING_FLAG_T:
-                flag(who, DISSENT_REASON)
+            if who != self.own_id and seen >= STANDING_EARLY_PARTS and evidence <= -STANDING_FLAG_T:
+                flag(who, DISSENT_REASON if score < 0 else UNRELATED_REASON)
 
         def check_current_part_finished(self) -> None:
             assert self.current_part_accumulated_from <= self.num_current_senders
