@@ -1,5 +1,5 @@
-"""Credit beyond one averaging group: a real server, an experiment with ``group_size`` 3, six real `swarmhub join`
-volunteers. The swarm averages in groups of at most three volunteers' peers, the server runs one witness per group
+"""Credit beyond one averaging group: a real server, an experiment with ``group_size`` 2, four real `swarmhub join`
+volunteers. The swarm averages in groups of at most two volunteers' peers, the server runs one witness per group
 (two here), and every volunteer is credited verified samples, which only a witness can give."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from .test_credit_every_task import join, verified, wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(600)]
 
 SLUG = "credited"  # the name test_credit_every_task's join() joins
-GROUP_SIZE = 3
-VOLUNTEERS = ("ada", "grace", "alan", "edsger", "barbara", "donald")
+GROUP_SIZE = 2
+VOLUNTEERS = ("ada", "grace", "alan", "edsger")
 CREDIT_SECONDS = 300  # from the volunteers' start: six peers start and join on two busy cores
 
 
@@ -42,7 +42,15 @@ def rounds(database: Path) -> dict[tuple[int, str], list[str]]:
     return found
 
 
-def test_six_volunteers_in_groups_of_three_are_each_credited(tmp_path: Path) -> None:
+def groups_per_epoch(ledger: dict[tuple[int, str], list[str]]) -> dict[int, int]:
+    """How many groups were witnessed in each of the swarm's steps (``{-1: 0}`` for an empty ledger)."""
+    per_epoch: dict[int, set[str]] = defaultdict(set)
+    for epoch, group in ledger:
+        per_epoch[epoch].add(group)
+    return {epoch: len(groups) for epoch, groups in per_epoch.items()} or {-1: 0}
+
+
+def test_four_volunteers_in_groups_of_two_are_each_credited(tmp_path: Path) -> None:
     with running_server(tmp_path) as (url, _):
         organizer = {"Authorization": f"Bearer {signup(url, 'organizer')}"}
         body = {
@@ -66,19 +74,20 @@ def test_six_volunteers_in_groups_of_three_are_each_credited(tmp_path: Path) -> 
             wait_for(
                 lambda: all(verified(url, organizer).get(name, {}).get("samples", 0) > 0 for name in VOLUNTEERS),
                 CREDIT_SECONDS,
-                f"all six volunteers credited: {verified(url, organizer)}; witnesses {witnesses(url, organizer)}",
+                f"all four volunteers credited: {verified(url, organizer)}; witnesses {witnesses(url, organizer)}",
             )
             states = witnesses(url, organizer)
             assert sorted(state["index"] for state in states) == [0, 1], states
             assert all(state["state"] == "running" for state in states), states
+            # the swarm's step was averaged in two groups at once, each witnessed
+            wait_for(
+                lambda: max(groups_per_epoch(rounds(tmp_path / "e2e.db")).values()) >= 2,
+                CREDIT_SECONDS,
+                f"two groups witnessed in one step: {rounds(tmp_path / 'e2e.db')}",
+            )
             ledger = rounds(tmp_path / "e2e.db")
-            # no witnessed round held more volunteers' peers than a group takes
-            assert ledger and max(len(senders) for senders in ledger.values()) <= GROUP_SIZE, ledger
-            # and the swarm's step was averaged in two groups at once, each witnessed
-            per_epoch = defaultdict(set)
-            for epoch, group in ledger:
-                per_epoch[epoch].add(group)
-            assert max(len(groups) for groups in per_epoch.values()) >= 2, ledger
+            # and no witnessed round held more volunteers' peers than a group takes
+            assert max(len(senders) for senders in ledger.values()) <= GROUP_SIZE, ledger
         finally:
             seen_children, _ = wait_volunteers(workers, tmp_path, until=lambda: True)
     assert outlived(seen_children) == set()
