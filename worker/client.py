@@ -323,7 +323,7 @@ class ApiClient:
             except WorkerError:
                 status = "not running"
             raise not_accepting(slug, status)
-        if response.status_code == 503 and "retry-after" not in response.headers:
+        if response.status_code == 503 and not starting:
             raise WorkerError(f"The server cannot run {slug!r} now: {_detail(response)}", ExitCode.UNREACHABLE)
         if response.status_code == 503:
             raise WorkerError(

@@ -43,10 +43,11 @@ STANDING_AGREEMENT = 0.3
 # a direction that clearly, an honest part (the same gradient with its own batch's noise) does not point against
 # it; a sign-flipped part does, from its first round. Noise parts sit near zero and are left to the standing.
 STANDING_CLEAR_PART = 0.5
-# A sender is flagged (evidence shown to the organizer, not only left out of a part) when its standing is under
-# zero by at least this many standard errors of its own agreements (:meth:`Standing.evidence`): a mean under zero
-# on a few parts is an honest peer's chance where the parts are mostly noise (an honest volunteer was flagged so on a
-# busy machine), and a sign-flipper's agreements sit below zero part after part.
+# A sender left out of a part is flagged (evidence shown to the organizer) when its standing is under the bound it
+# was held to (zero, or STANDING_DISSENT times the median) by at least this many standard errors of its own
+# agreements (:meth:`Standing.evidence`): a mean under the bound on a few parts is an honest peer's chance where the
+# parts are mostly noise (an honest volunteer was flagged so on a busy machine), and a sign-flipper's or a noise
+# sender's agreements sit below it part after part.
 STANDING_FLAG_T = 3.0
 # The spread of agreements assumed before a sender's own is measured, weighed as this many parts: with a few parts
 # a sample spread can be near zero by chance. In a simulation of 1,000 honest senders (agreements 0.1 +- 0.4 a
@@ -225,6 +226,7 @@ class Standing:
             for s, w, n, now in zip(senders, weights, seen, against, strict=True)
         ]
         if sum(out) * 2 <= sum(weights):
+            self.held_to = {}
             return list(weights)
         held = zip(senders, weights, seen, out, strict=True)
         self.held_to = {s: max(bound(n), 0.0) for s, w, n, kept in held if w > 0 and not kept}
