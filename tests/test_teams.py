@@ -547,3 +547,73 @@ def test_standings_page_by_cursor_both_ways_with_absolute_ranks(client, db):
     again = client.get(html.unescape(second.text.split('id="prev" href="')[1].split('"')[0]))
     assert [f'data-team="{n}"' in again.text for n in order[:4]] == [True, True, True, False]
     assert client.get("/teams", params={"limit": 0}).status_code == 422
+
+
+def test_a_teams_members_come_in_pages_and_its_rank_is_the_standings(client, db):
+    """A team of any size: its page lists its named members by cursor (most verified first, ties by who joined
+    first), counts the hidden ones without naming them, and gives the rank the standings give."""
+    olga = make_user(db, "olga")
+    alpha = make_experiment(db, olga, slug="alpha", status="running")
+    start = utcnow() - timedelta(days=1)
+    # (member, verified, hidden): ties on verified, two hidden profiles among them
+    crew = [("m1", 40, False), ("m2", 90, False), ("m3", 40, False), ("m4", 0, False), ("m5", 90, True),
+            ("m6", 10, False), ("m7", 40, False), ("m8", 0, True), ("m9", 70, False)]  # fmt: skip
+    with db.begin() as session:
+        users = []
+        for index, (name, verified, hidden) in enumerate(crew):
+            user = User(username=name, password_hash="x", profile_hidden=hidden)
+            session.add(user)
+            session.flush()
+            users.append(user)
+            session.add(VolunteerTotal(experiment_id=alpha.id, user_id=user.id, sort_name=name,
+                                       verified_samples=verified))  # fmt: skip
+        big = Team(name="Big", description="", founder_id=users[0].id, creator_id=users[0].id)
+        session.add(big)
+        session.flush()
+        for index, user in enumerate(users):
+            session.add(TeamMember(user_id=user.id, team_id=big.id, role="member",
+                                   joined_at=start + timedelta(minutes=index)))  # fmt: skip
+        for name, verified in (("ahead", 500), ("tied", 380), ("after", 1)):
+            user = User(username=f"lead-{name}", password_hash="x")
+            session.add(user)
+            session.flush()
+            team = Team(name=name, description="", founder_id=user.id, creator_id=user.id)
+            session.add(team)
+            session.flush()
+            session.add(TeamMember(user_id=user.id, team_id=team.id, role="admin"))
+            session.add(VolunteerTotal(experiment_id=alpha.id, user_id=user.id, sort_name=user.username,
+                                       verified_samples=verified))  # fmt: skip
+
+    named = ["m2", "m9", "m1", "m3", "m7", "m6", "m4"]  # by verified, then joined
+    whole = client.get("/api/teams/big", params={"members_limit": 500}).json()
+    assert [m["username"] for m in whole["member_list"]] == named and whole["members_next_cursor"] is None
+    assert whole["hidden_members"] == 2 and whole["members"] == 9 and whole["verified_samples"] == 380
+    standings = {t["name"]: t["rank"] for t in client.get("/api/teams").json()}
+    assert standings == {"ahead": 1, "Big": 2, "tied": 3, "after": 4}
+    for name, rank in standings.items():
+        assert client.get(f"/api/teams/{name}").json()["rank"] == rank
+
+    pages, cursor = [], None
+    while True:
+        params: dict[str, Any] = {"members_limit": 3} | ({"members_cursor": cursor} if cursor else {})
+        page = client.get("/api/teams/big", params=params)
+        assert page.status_code == 200, page.text
+        pages.append([m["username"] for m in page.json()["member_list"]])
+        cursor = page.json()["members_next_cursor"]
+        if cursor is None:
+            break
+    assert pages == [named[0:3], named[3:6], named[6:]]
+
+    bad = client.get("/api/teams/big", params={"members_cursor": "nonsense"})
+    assert bad.status_code == 400 and bad.json()["field"] == "members_cursor"
+    for limit in (0, 501):
+        refused = client.get("/api/teams/big", params={"members_limit": limit})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "members_limit"]
+
+    first = client.get("/teams/big", params={"members_limit": 3})
+    assert first.status_code == 200 and first.text.count("<tr data-username=") == 3
+    more = html.unescape(first.text.split('id="more-members" href="')[1].split('"')[0])
+    second = client.get(more)
+    assert [f'data-username="{n}"' in second.text for n in named] == [False] * 3 + [True] * 3 + [False]
+    assert "m5" not in second.text and "m8" not in second.text
+    assert client.get("/teams/big", params={"members_cursor": "nonsense"}).status_code == 400

@@ -17,7 +17,7 @@ from swarmhub.server.http.deps import CSRF, DB, AppSettings, PageUser, RequiredP
 from swarmhub.server.http.ratelimit import check_account, limited
 from swarmhub.server.http.views import render
 from swarmhub.server.routes.page_helpers import WebSess, form_errors, router, see_other
-from swarmhub.server.routes.teams import After, Before, Limit, standings_page
+from swarmhub.server.routes.teams import After, Before, Limit, MembersAfter, MembersLimit, standings_page, team_detail
 
 
 def _list(request: Request, session: DB, user: Any, web: Any, **extra: Any) -> Response:
@@ -70,8 +70,17 @@ async def create_team(
 
 
 @router.get("/teams/{slug}")
-def team_page(request: Request, slug: str, session: DB, user: PageUser, web: WebSess) -> Response:
-    return _team(request, slug, session, user, web)
+def team_page(
+    request: Request,
+    slug: str,
+    session: DB,
+    user: PageUser,
+    web: WebSess,
+    members_limit: MembersLimit = teams.MEMBERS_LIMIT,
+    members_cursor: MembersAfter = None,
+) -> Response:
+    detail = team_detail(session, slug, members_limit, members_cursor)
+    return _team(request, slug, session, user, web, detail=detail, members_limit=members_limit)
 
 
 def _team(request: Request, slug: str, session: DB, user: Any, web: Any, **extra: Any) -> Response:
@@ -79,7 +88,8 @@ def _team(request: Request, slug: str, session: DB, user: Any, web: Any, **extra
     team = teams.get(session, slug)
     row = teams.membership(session, user) if user is not None else None
     context = {
-        "team": teams.detail(session, slug),
+        "team": extra.pop("detail", None) or teams.detail(session, slug),
+        "members_limit": extra.pop("members_limit", teams.MEMBERS_LIMIT),
         "member": row is not None and row.team_id == team.id,
         "elsewhere": row is not None and row.team_id != team.id,
         "can_manage": teams.can_manage(session, team, user),

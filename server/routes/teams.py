@@ -23,6 +23,17 @@ router = APIRouter(prefix="/api", tags=["teams"], responses=documented(400, 401,
 Limit = Annotated[int, Query(ge=1, le=teams.TEAMS_MAX_LIMIT, description="Teams on the page")]
 After = Annotated[str | None, Query(max_length=200, description="The Next-Cursor of the previous page")]
 Before = Annotated[str | None, Query(max_length=200, description="The Prev-Cursor of the next page")]
+MembersLimit = Annotated[
+    int, Query(ge=1, le=teams.MEMBERS_MAX_LIMIT, description="Named members on the page of the team's members")
+]
+MembersAfter = Annotated[
+    str | None, Query(max_length=200, description="The members_next_cursor of the previous page of members")
+]
+
+
+def team_detail(session: DB, slug: str, members_limit: int, members_cursor: str | None) -> teams.TeamPublic:
+    after = teams.MemberCursor.decode(members_cursor) if members_cursor is not None else None
+    return teams.detail(session, slug, members_limit, after)
 
 
 def standings_page(limit: int, cursor: str | None, before: str | None, session: DB) -> teams.TeamPage:
@@ -86,8 +97,11 @@ def create_team(
 
 
 @router.get("/teams/{slug}", response_model=teams.TeamPublic)
-def get_team(slug: str, session: DB) -> teams.TeamPublic:
-    return teams.detail(session, slug)
+def get_team(
+    slug: str, session: DB, members_limit: MembersLimit = teams.MEMBERS_LIMIT, members_cursor: MembersAfter = None
+) -> teams.TeamPublic:
+    """The team, a page of its named members (``members_next_cursor`` leads to the next) and its experiments."""
+    return team_detail(session, slug, members_limit, members_cursor)
 
 
 @router.post("/teams/{slug}/join", response_model=teams.Membership)

@@ -23,7 +23,9 @@ passes the rules of a name at creation. Removing a team deletes its memberships 
 volunteers' verified samples are the ledger's and stay theirs.
 
 Paging: the standings are pages of at most ``TEAMS_MAX_LIMIT`` teams, in the standings' order, by cursor (as the
-leaderboard's): a page's last row leads to the next page, its first row to the previous one.
+leaderboard's): a page's last row leads to the next page, its first row to the previous one. A team's own page lists
+its named members in pages of at most ``MEMBERS_MAX_LIMIT`` (``members_cursor``) and its
+``TEAM_EXPERIMENTS_LIMIT`` most verified experiments, and reads only that team's rows (its rank is one count).
 """
 
 from __future__ import annotations
@@ -44,11 +46,15 @@ from swarmhub.server.teams.membership import (
 from swarmhub.server.teams.schemas import (
     CSV_FIELDS,
     DESCRIPTION_MAX,
+    MEMBERS_LIMIT,
+    MEMBERS_MAX_LIMIT,
     NAME_MAX,
+    TEAM_EXPERIMENTS_LIMIT,
     TEAMS_LIMIT,
     TEAMS_MAX_LIMIT,
     ExperimentTeamRow,
     MemberAction,
+    MemberCursor,
     Membership,
     TeamCreate,
     TeamCursor,
@@ -81,6 +87,10 @@ __all__ = [
     "DESCRIPTION_MAX",
     "TEAMS_LIMIT",
     "TEAMS_MAX_LIMIT",
+    "MEMBERS_LIMIT",
+    "MEMBERS_MAX_LIMIT",
+    "TEAM_EXPERIMENTS_LIMIT",
+    "MemberCursor",
     "team_path",
     "TeamName",
     "TeamCreate",

@@ -17,6 +17,9 @@ NAME_MAX = 32
 DESCRIPTION_MAX = 500
 TEAMS_LIMIT = 100  # teams on a page of the standings unless asked otherwise
 TEAMS_MAX_LIMIT = 500
+MEMBERS_LIMIT = 100  # members on a team's page unless asked otherwise
+MEMBERS_MAX_LIMIT = 500
+TEAM_EXPERIMENTS_LIMIT = 100  # the experiments a team's page lists: its most verified
 
 
 def team_path(name: str) -> str:
@@ -79,9 +82,19 @@ class TeamExperiment(BaseModel):
 
 
 class TeamPublic(TeamSummary):
-    member_list: list[TeamMemberPublic] = Field(description="Members with a visible profile, most verified first")
+    member_list: list[TeamMemberPublic] = Field(
+        description="A page of the members with a visible profile, most verified first (then the longest in the "
+        "team): at most members_limit of them"
+    )
+    members_next_cursor: str | None = Field(
+        default=None,
+        description="Pass as ?members_cursor= for the next page of members; null on the last page",
+    )
     hidden_members: int = Field(description="Members who hid their profile: counted, not named")
-    experiments: list[TeamExperiment] = Field(description="Most verified first")
+    experiments: list[TeamExperiment] = Field(
+        description=f"Most verified first: the team's {TEAM_EXPERIMENTS_LIMIT} most verified experiments"
+    )
+    experiments_total: int = Field(description="Public experiments the team's members helped, listed or not")
 
 
 class ExperimentTeamRow(BaseModel):
@@ -115,6 +128,29 @@ class TeamCursor(NamedTuple):
 
 
 _CURSOR = TypeAdapter(TeamCursor)
+
+
+class MemberCursor(NamedTuple):
+    """A row of a team's member list (its sort key): the next page starts after it. Opaque to clients, as
+    :class:`TeamCursor`."""
+
+    verified: Annotated[int, Field(ge=0, le=2**62)]
+    joined_at: datetime
+    user_id: Annotated[int, Field(ge=0, le=2**62)]
+
+    def encode(self) -> str:
+        return base64.urlsafe_b64encode(_MEMBER_CURSOR.dump_json(self)).decode().rstrip("=")
+
+    @staticmethod
+    def decode(text: str, field: str = "members_cursor") -> MemberCursor:
+        """The cursor a team's page returned; a 400 naming ``field`` for anything else."""
+        try:
+            return _MEMBER_CURSOR.validate_json(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        except (ValueError, ValidationError):
+            raise BadRequest("not a cursor this team's member list returned", field=field) from None
+
+
+_MEMBER_CURSOR = TypeAdapter(MemberCursor)
 
 
 class TeamPage(BaseModel):

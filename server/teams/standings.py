@@ -16,8 +16,11 @@ from swarmhub.server.metrics.common import share_of
 from swarmhub.server.models import Experiment, ExperimentTotal, Team, TeamMember, User, VolunteerTotal, utcnow
 from swarmhub.server.teams.schemas import (
     CSV_FIELDS,
+    MEMBERS_LIMIT,
+    TEAM_EXPERIMENTS_LIMIT,
     TEAMS_LIMIT,
     ExperimentTeamRow,
+    MemberCursor,
     TeamCursor,
     TeamExperiment,
     TeamMemberPublic,
@@ -48,15 +51,17 @@ def team_of(session: Session, user: User) -> Team | None:
     return session.get(Team, row.team_id) if row is not None else None
 
 
-def _public_verified() -> Any:
-    """Each user's verified samples over experiments anyone may see."""
-    return (
+def _public_verified(team_id: int | None = None) -> Any:
+    """Each user's verified samples over experiments anyone may see (of ``team_id``'s members only, if given)."""
+    query = (
         select(VolunteerTotal.user_id, func.sum(VolunteerTotal.verified_samples).label("verified"))
         .join(Experiment, Experiment.id == VolunteerTotal.experiment_id)
         .where(PUBLIC)
         .group_by(VolunteerTotal.user_id)
-        .subquery()
     )
+    if team_id is not None:
+        query = query.where(VolunteerTotal.user_id.in_(select(TeamMember.user_id).where(TeamMember.team_id == team_id)))
+    return query.subquery()
 
 
 def _standings() -> Any:
@@ -179,26 +184,88 @@ def _named(rows: list[Any]) -> list[Any]:
     return [(member, verified) for member, verified in rows if not member.user.profile_hidden]
 
 
-def detail(session: Session, name: str) -> TeamPublic:
+def _rank_of(session: Session, team: Team) -> TeamSummary:
+    """``team``'s row of the standings, its rank counted (the teams ahead of it), not the standings listed."""
+    per_user = _public_verified(team.id)
+    members, verified = session.execute(
+        select(func.count(TeamMember.user_id), func.coalesce(func.sum(per_user.c.verified), 0))
+        .select_from(TeamMember)
+        .outerjoin(per_user, per_user.c.user_id == TeamMember.user_id)
+        .where(TeamMember.team_id == team.id)
+    ).one()
+    s = _standings()
+    ahead = session.scalar(
+        select(func.count()).where(
+            or_(
+                s.c.verified > verified,
+                and_(
+                    s.c.verified == verified,
+                    tuple_(s.c.sort_name, s.c.team_id) < tuple_(func.lower(team.name), team.id),
+                ),
+            )
+        )
+    )
+    return _summary(int(ahead or 0) + 1, team, members, verified)
+
+
+def detail(
+    session: Session, name: str, members_limit: int = MEMBERS_LIMIT, members_after: MemberCursor | None = None
+) -> TeamPublic:
+    """A team's page: its row of the standings, a page of its named members (``members_limit`` after
+    ``members_after``, most verified first, then the longest in the team), how many hid their profile, and its most
+    verified experiments. Reads that team's rows only, whatever the hub's size."""
     team = get(session, name)
-    summary = next(s for s in standings(session) if s.name == team.name)
-    rows = _members(session, team.id).get(team.id, [])
+    per_user = _public_verified(team.id)
+    verified = func.coalesce(per_user.c.verified, 0)
+    query = (
+        select(TeamMember, verified)
+        .join(User, User.id == TeamMember.user_id)
+        .outerjoin(per_user, per_user.c.user_id == TeamMember.user_id)
+        .where(TeamMember.team_id == team.id, User.profile_hidden.is_(False))
+    )
+    if members_after is not None:
+        query = query.where(
+            or_(
+                verified < members_after.verified,
+                and_(
+                    verified == members_after.verified,
+                    tuple_(TeamMember.joined_at, TeamMember.user_id)
+                    > tuple_(members_after.joined_at, members_after.user_id),
+                ),
+            )
+        )
+    rows = session.execute(
+        query.order_by(verified.desc(), TeamMember.joined_at, TeamMember.user_id).limit(members_limit + 1)
+    ).all()
+    more, rows = len(rows) > members_limit, rows[:members_limit]
     members = [
         TeamMemberPublic(
             username=m.user.username,
             role=m.role,
             founder=m.user_id == team.founder_id,
             joined_at=m.joined_at,
-            verified_samples=v,
+            verified_samples=int(v),
             profile_url=profile_path(m.user.username),
         )
-        for m, v in _named(rows)
+        for m, v in rows
     ]
+    hidden = session.scalar(
+        select(func.count())
+        .select_from(TeamMember)
+        .join(User, User.id == TeamMember.user_id)
+        .where(TeamMember.team_id == team.id, User.profile_hidden.is_(True))
+    )
+    experiments = _team_experiments(session, team)
+    last = rows[-1] if rows else None
     return TeamPublic(
-        **summary.model_dump(),
+        **_rank_of(session, team).model_dump(),
         member_list=members,
-        hidden_members=len(rows) - len(members),
-        experiments=_team_experiments(session, team),
+        members_next_cursor=(
+            MemberCursor(int(last[1]), last[0].joined_at, last[0].user_id).encode() if more and last else None
+        ),
+        hidden_members=int(hidden or 0),
+        experiments=experiments[:TEAM_EXPERIMENTS_LIMIT],
+        experiments_total=len(experiments),
     )
 
 
