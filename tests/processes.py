@@ -4,6 +4,7 @@ routes, and the `swarmhub` processes they start (waited for, and checked to leav
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -23,13 +24,27 @@ from .swarm_processes import wait_healthy
 SWARMHUB = [sys.executable, "-m", "swarmhub.worker.cli.main"]
 
 
+# A loaded 2-core machine (the suite's three lanes, each running swarms) answers a password check, or a page while the
+# server's peers start, in more than httpx's 5 s default: the requests these tests make to a live server wait longer.
+HTTP_TIMEOUT = 60.0
+
+
+class http:  # noqa: N801 - used as a module of request functions, like httpx's
+    """httpx's request functions with ``HTTP_TIMEOUT`` unless a call gives its own."""
+
+    get = staticmethod(functools.partial(httpx.get, timeout=HTTP_TIMEOUT))
+    post = staticmethod(functools.partial(httpx.post, timeout=HTTP_TIMEOUT))
+    put = staticmethod(functools.partial(httpx.put, timeout=HTTP_TIMEOUT))
+    delete = staticmethod(functools.partial(httpx.delete, timeout=HTTP_TIMEOUT))
+
+
 def signup(url: str, username: str) -> str:
     """Sign up through the page, then get an API token through the API."""
-    with httpx.Client(base_url=url) as browser:
+    with httpx.Client(base_url=url, timeout=HTTP_TIMEOUT) as browser:
         token = csrf_from(browser.get("/signup").text)
         response = browser.post("/signup", data={"username": username, "password": PASSWORD, "csrf_token": token})
         assert response.status_code in (200, 303)
-    response = httpx.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD})
+    response = http.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD})
     return response.json()["access_token"]
 
 
@@ -130,7 +145,7 @@ def start_digits_experiment(url: str) -> None:
     """An organizer signs up, creates the small digits experiment ``DIGITS_SLUG`` and starts it."""
     organizer = signup(url, "organizer")
     headers = {"Authorization": f"Bearer {organizer}"}
-    created = httpx.post(
+    created = http.post(
         f"{url}/api/experiments",
         headers=headers,
         json={
@@ -145,5 +160,5 @@ def start_digits_experiment(url: str) -> None:
         },
     )
     assert created.status_code == 201, created.text
-    started = httpx.post(f"{url}/api/experiments/{DIGITS_SLUG}/status", headers=headers, json={"action": "start"})
+    started = http.post(f"{url}/api/experiments/{DIGITS_SLUG}/status", headers=headers, json={"action": "start"})
     assert started.json()["status"] == "running"

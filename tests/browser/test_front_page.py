@@ -32,7 +32,7 @@ def send_reports(server: LiveServer, username: str, slug: str, count: int) -> No
     """Reports as a worker sends them: a bearer token from the real route, the real report websocket."""
     db = services(server.server.config.app).sessionmaker
     user = make_user(db, username)
-    token = httpx.post(f"{server.url}/api/auth/token", json={"username": username, "password": PASSWORD})
+    token = httpx.post(f"{server.url}/api/auth/token", json={"username": username, "password": PASSWORD}, timeout=60)
     headers = {"Authorization": f"Bearer {token.json()['access_token']}"}
     worker_id = worker_run(db, user, slug)
     address = f"{server.url.replace('http', 'ws', 1)}/ws/experiments/{slug}/report?worker_id={worker_id}"

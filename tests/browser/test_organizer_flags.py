@@ -54,7 +54,7 @@ def claimed(tmp_path):
 
 
 def server_token(url: str, username: str) -> str:
-    response = httpx.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD})
+    response = httpx.post(f"{url}/api/auth/token", json={"username": username, "password": PASSWORD}, timeout=60)
     return response.json()["access_token"]
 
 

@@ -19,13 +19,12 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import sqlalchemy as sa
 
 from swarmhub.server.corpus import text as corpus
 
-from ..processes import SWARMHUB, descendants, outlived, running_server, signup, wait_volunteers
+from ..processes import SWARMHUB, descendants, http, outlived, running_server, signup, wait_volunteers
 
 # Not `solo`: it trains so many steps, not for so long, and asserts what they did (the "peers" lane of tests/lanes.py)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # 605 s once on a slow machine, the other lanes beside it
@@ -37,7 +36,7 @@ TASK = {"size": "tiny", "batch_size": 16, "warmup_steps": 2, "total_steps": 2000
 
 def create_experiment(url: str) -> dict[str, str]:
     headers = {"Authorization": f"Bearer {signup(url, 'organizer')}"}
-    created = httpx.post(
+    created = http.post(
         f"{url}/api/experiments",
         headers=headers,
         json={
@@ -55,7 +54,7 @@ def create_experiment(url: str) -> dict[str, str]:
     )
     assert created.status_code == 201, created.text
     text = corpus.builtin_text("python-docstrings", max_bytes=UPLOADED_BYTES).encode()
-    uploaded = httpx.put(
+    uploaded = http.put(
         f"{url}/api/experiments/{SLUG}/corpus",
         headers=headers,
         files={"file": ("docstrings.txt", text, "text/plain")},
@@ -67,7 +66,7 @@ def create_experiment(url: str) -> dict[str, str]:
 
 
 def set_status(url: str, headers: dict[str, str], action: str) -> None:
-    response = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=headers, json={"action": action})
+    response = http.post(f"{url}/api/experiments/{SLUG}/status", headers=headers, json={"action": action})
     assert response.status_code == 200, response.text
 
 
@@ -84,7 +83,7 @@ def join(url: str, tmp: Path, name: str, limit: list[str]) -> tuple[str, Any, su
 
 
 def checkpoints(url: str) -> list[dict[str, Any]]:
-    return httpx.get(f"{url}/api/experiments/{SLUG}/checkpoints").json()
+    return http.get(f"{url}/api/experiments/{SLUG}/checkpoints").json()
 
 
 def wait_for_checkpoint(url: str, after_epoch: int, timeout: float = 120) -> dict[str, Any]:
@@ -158,7 +157,7 @@ def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp
     with running_server(tmp_path, checkpoints_kept="100") as (url, server_process):
         headers = create_experiment(url)
         set_status(url, headers, "start")
-        page = httpx.get(f"{url}/experiments/{SLUG}").text
+        page = http.get(f"{url}/experiments/{SLUG}").text
         assert 'id="checkpoints"' in page and 'id="corpus-info"' in page
 
         workers = [join(url, tmp_path, name, ["--max-steps", "100"]) for name in ("ada", "grace")]
@@ -178,7 +177,7 @@ def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp
         assert scored[-1]["eval_top5"] > scored[0]["eval_top5"], scored
 
         # The newest model downloads in the transformers format and fills a masked word.
-        download = httpx.get(f"{url}/api/experiments/{SLUG}/model", timeout=60)
+        download = http.get(f"{url}/api/experiments/{SLUG}/model", timeout=60)
         assert download.status_code == 200, download.text
         model_dir = tmp_path / "model"
         with zipfile.ZipFile(io.BytesIO(download.content)) as archive:
@@ -237,7 +236,7 @@ def test_albert_pretrained_by_two_volunteers_and_resumed_from_its_checkpoint(tmp
         while not reports(tmp_path, "joan") and time.monotonic() < deadline:
             time.sleep(1)
         assert reports(tmp_path, "joan"), (tmp_path / "joan.out").read_text()[-3000:]
-        rolled = httpx.post(f"{url}/api/experiments/{SLUG}/rollback", headers=headers, json={"epoch": target["epoch"]})
+        rolled = http.post(f"{url}/api/experiments/{SLUG}/rollback", headers=headers, json={"epoch": target["epoch"]})
         assert rolled.status_code == 202, rolled.text
         deadline = time.monotonic() + 90
         while not (restored := [c for c in checkpoints(url) if c["restored_from"] == target["epoch"]]):

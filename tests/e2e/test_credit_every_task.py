@@ -15,14 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 
 from swarmhub.server.corpus import text as corpus
 from swarmhub.worker.tasks import available_tasks
 
-from ..processes import SWARMHUB, outlived, running_server, signup, wait_volunteers
+from ..processes import SWARMHUB, http, outlived, running_server, signup, wait_volunteers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -61,11 +60,11 @@ def create(url: str, organizer: dict[str, str], task: str) -> None:
         "matchmaking_time": 2.0,
         "averaging_timeout": 20.0,
     }
-    created = httpx.post(f"{url}/api/experiments", headers=organizer, json={**body, **settings})
+    created = http.post(f"{url}/api/experiments", headers=organizer, json={**body, **settings})
     assert created.status_code == 201, created.text
     assert created.json()["aux_peer"] is True  # the witness runs by default
     if text is not None:
-        uploaded = httpx.put(
+        uploaded = http.put(
             f"{url}/api/experiments/{SLUG}/corpus",
             headers=organizer,
             files={"file": ("text.txt", corpus.builtin_text("python-docstrings", max_bytes=text["bytes"]).encode())},
@@ -73,7 +72,7 @@ def create(url: str, organizer: dict[str, str], task: str) -> None:
             timeout=120,
         )
         assert uploaded.status_code == 200, uploaded.text
-    started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
+    started = http.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
     assert started.json()["status"] == "running", started.text
 
 
@@ -87,12 +86,12 @@ def join(url: str, tmp: Path, name: str) -> tuple[str, Any, subprocess.Popen]:
 
 
 def verified(url: str, organizer: dict[str, str]) -> dict[str, dict[str, Any]]:
-    board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard", headers=organizer).json()
+    board = http.get(f"{url}/api/experiments/{SLUG}/leaderboard", headers=organizer).json()
     return {row["username"]: row for row in board}
 
 
 def server_peers(url: str, organizer: dict[str, str]) -> dict[str, dict[str, Any]]:
-    view = httpx.get(f"{url}/api/experiments/{SLUG}/swarm", headers=organizer).json()
+    view = http.get(f"{url}/api/experiments/{SLUG}/swarm", headers=organizer).json()
     return {state["kind"]: state for state in view["server_peers"]}
 
 

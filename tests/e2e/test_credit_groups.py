@@ -9,10 +9,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from ..processes import outlived, running_server, signup, wait_volunteers
+from ..processes import http, outlived, running_server, signup, wait_volunteers
 from .test_credit_every_task import join, verified, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(600)]
@@ -24,7 +23,7 @@ CREDIT_SECONDS = 300  # from the volunteers' start: six peers start and join on 
 
 
 def witnesses(url: str, organizer: dict[str, str]) -> list[dict[str, Any]]:
-    view = httpx.get(f"{url}/api/experiments/{SLUG}/swarm", headers=organizer).json()
+    view = http.get(f"{url}/api/experiments/{SLUG}/swarm", headers=organizer).json()
     return [state for state in view["server_peers"] if state["kind"] == "witness"]
 
 
@@ -64,10 +63,10 @@ def test_four_volunteers_in_groups_of_two_are_each_credited(tmp_path: Path) -> N
             "averaging_timeout": 20.0,
             "group_size": GROUP_SIZE,
         }
-        created = httpx.post(f"{url}/api/experiments", headers=organizer, json=body)
+        created = http.post(f"{url}/api/experiments", headers=organizer, json=body)
         assert created.status_code == 201, created.text
         assert created.json()["group_size"] == GROUP_SIZE
-        started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
+        started = http.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
         assert started.json()["status"] == "running", started.text
         workers = [join(url, tmp_path, name) for name in VOLUNTEERS]
         try:

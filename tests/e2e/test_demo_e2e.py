@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from ..conftest import free_port
-from ..processes import descendants, outlived
+from ..processes import descendants, http, outlived
 
 # samples within 150 s, then Ctrl-C leaves nothing running, whatever the pace: it runs beside the other lane (lanes.py)
 pytestmark = [pytest.mark.e2e, pytest.mark.waits, pytest.mark.timeout(420)]  # see tests/lanes.py
@@ -25,7 +25,7 @@ LOGIN = re.compile(r"Organizer:  log in at \S+ as 'organizer' with password (\S+
 def reported_samples(url: str) -> int:
     """The samples the demo's volunteers have reported so far, by the public leaderboard."""
     try:
-        board = httpx.get(f"{url}/api/experiments/demo-digits/leaderboard", timeout=5)
+        board = http.get(f"{url}/api/experiments/demo-digits/leaderboard", timeout=5)
     except httpx.HTTPError:
         return 0
     return sum(entry["samples"] for entry in board.json()) if board.status_code == 200 else 0
@@ -58,7 +58,7 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process(tmp_path):
             started |= descendants(demo)
             if dashboard is None:
                 try:
-                    response = httpx.get(f"{url}/experiments/demo-digits", timeout=5)
+                    response = http.get(f"{url}/experiments/demo-digits", timeout=5)
                     dashboard = response.status_code
                 except httpx.HTTPError:
                     pass
@@ -67,7 +67,7 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process(tmp_path):
             if organizer_login is None and (
                 printed := LOGIN.search((tmp_path / "demo.out").read_text(errors="replace"))
             ):
-                login = httpx.post(
+                login = http.post(
                     f"{url}/api/auth/token", json={"username": "organizer", "password": printed.group(1)}, timeout=10
                 )
                 organizer_login = login.status_code

@@ -21,7 +21,7 @@ from swarmhub.worker.client import ApiClient
 from swarmhub.worker.errors import WorkerError
 
 from ..conftest import PASSWORD, csrf_from
-from ..processes import running_server, signup
+from ..processes import http, running_server, signup
 
 pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(240)]  # see tests/lanes.py
 SLUG = "busy-start"
@@ -31,7 +31,7 @@ def test_thirty_joins_waiting_for_a_starting_swarm_do_not_stall_pages_or_sign_up
     with running_server(tmp_path) as (url, _):
         owner = signup(url, "organizer")
         organizer = {"Authorization": f"Bearer {owner}"}
-        created = httpx.post(
+        created = http.post(
             f"{url}/api/experiments",
             headers=organizer,
             json={"slug": SLUG, "title": "Busy start", "task": "digits", "aux_peer": False},
@@ -50,15 +50,15 @@ def test_thirty_joins_waiting_for_a_starting_swarm_do_not_stall_pages_or_sign_up
                 except WorkerError as exc:
                     return exc.message
 
-        assert httpx.get(f"{url}/", timeout=30).status_code == 200  # the page's first rendering is not measured
-        started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
+        assert http.get(f"{url}/", timeout=30).status_code == 200  # the page's first rendering is not measured
+        started = http.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
         assert started.json()["status"] == "running"
         with ThreadPoolExecutor(max_workers=30) as pool:
             joins = [pool.submit(join, i) for i in range(30)]
             time.sleep(1.0)  # the joins are waiting for the bootstrap peer now
             waiting = sum(not j.done() for j in joins)
             began = time.monotonic()
-            page = httpx.get(f"{url}/", timeout=30)
+            page = http.get(f"{url}/", timeout=30)
             page_seconds = time.monotonic() - began
             with httpx.Client(base_url=url, timeout=30) as browser:  # a write while the joins wait
                 token = csrf_from(browser.get("/signup").text)

@@ -11,13 +11,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
 from swarmhub.worker.service.state import ServiceState, read_state
 
 from ..processes import DIGITS_SLUG as SLUG
-from ..processes import SWARMHUB, descendants, outlived, running_server, signup
+from ..processes import SWARMHUB, descendants, http, outlived, running_server, signup
 from ..processes import start_digits_experiment as start_experiment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -114,5 +113,5 @@ def test_a_background_worker_pauses_on_battery_and_rejoins_on_mains(tmp_path: Pa
         assert not outlived(seen)
         stopped = read_state(state_file)
         assert stopped is not None and stopped.state == "stopped"
-        board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard").json()
+        board = http.get(f"{url}/api/experiments/{SLUG}/leaderboard").json()
         assert board, "the volunteer's reports reached the server"

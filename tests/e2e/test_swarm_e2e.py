@@ -11,7 +11,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import sqlalchemy as sa
 
@@ -24,6 +23,7 @@ from ..processes import (
 from ..processes import (
     SWARMHUB,
     descendants,
+    http,
     last_epoch,
     outlived,
     running_server,
@@ -129,13 +129,13 @@ def test_two_volunteers_train_together_over_several_token_lifetimes(tmp_path):
         for name in ("ada", "grace"):
             assert leaving_seconds(tmp_path / name / "logs" / f"{SLUG}.log") < 10, name
 
-        board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard").json()
+        board = http.get(f"{url}/api/experiments/{SLUG}/leaderboard").json()
         assert sorted(entry["username"] for entry in board) == ["ada", "grace"]
         assert all(entry["samples"] > 0 for entry in board)
         # The organizer's view: signed records back the honest volunteers' claims; nothing is flagged.
-        organizer = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
+        organizer = http.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
         headers = {"Authorization": f"Bearer {organizer.json()['access_token']}"}
-        board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard", headers=headers).json()
+        board = http.get(f"{url}/api/experiments/{SLUG}/leaderboard", headers=headers).json()
         for entry in board:
             backed = entry["samples"] + entry["pending_samples"]
             # What the witness saw, never more than was claimed. How much of the claim that is depends on how much
@@ -145,7 +145,7 @@ def test_two_volunteers_train_together_over_several_token_lifetimes(tmp_path):
             assert entry["time_online_seconds"] > 5 and entry["flags"] == [], entry
         assert sum(entry["share"] for entry in board) == pytest.approx(1.0, abs=1e-3)
 
-        series = httpx.get(f"{url}/api/experiments/{SLUG}/metrics").json()["series"]
+        series = http.get(f"{url}/api/experiments/{SLUG}/metrics").json()["series"]
         # 10-second buckets (metrics.BUCKET_WIDTHS): a run of a minute is a few points, loss falling
         assert len(series) >= 2
         assert [p["t"] for p in series] == sorted({p["t"] for p in series})
@@ -173,13 +173,13 @@ def test_removed_volunteer_leaves_and_the_others_go_on(tmp_path):
         start_experiment(url)
         workers = launch_volunteers(url, tmp_path, ["--max-minutes", "4"])  # a bound, not the plan
         processes = {name: process for name, _, process in workers}
-        organizer = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
+        organizer = http.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
         headers = {"Authorization": f"Bearer {organizer.json()['access_token']}"}
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline and len(averaged_epochs(tmp_path)) < 2:
             time.sleep(1)  # until both have averaged together
         assert len(averaged_epochs(tmp_path)) == 2, "the two volunteers never averaged together"
-        banned = httpx.post(f"{url}/api/experiments/{SLUG}/bans", json={"username": "grace"}, headers=headers)
+        banned = http.post(f"{url}/api/experiments/{SLUG}/bans", json={"username": "grace"}, headers=headers)
         assert banned.status_code == 204
         removed_at = time.monotonic()
         processes["grace"].wait(90)

@@ -21,11 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from ..conftest import PASSWORD
-from ..processes import SWARMHUB, last_epoch, outlived, running_server, signup, wait_volunteers
+from ..processes import SWARMHUB, http, last_epoch, outlived, running_server, signup, wait_volunteers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(420)]  # see tests/lanes.py
 SLUG = "open-digits"
@@ -110,7 +109,7 @@ def volunteer_env(tmp: Path, name: str, url: str, token: str) -> dict[str, str]:
 def start_open_digits(url: str, organizer: dict[str, str], **settings: Any) -> None:
     """The organizer creates and starts the open digits experiment (the server's witness on unless ``settings``
     turn it off)."""
-    created = httpx.post(
+    created = http.post(
         f"{url}/api/experiments",
         headers=organizer,
         json={
@@ -127,7 +126,7 @@ def start_open_digits(url: str, organizer: dict[str, str], **settings: Any) -> N
     )
     assert created.status_code == 201, created.text
     assert created.json()["aux_peer"] is settings.get("aux_peer", True)  # the witness runs by default
-    started = httpx.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
+    started = http.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
     assert started.json()["status"] == "running"
 
 
@@ -158,7 +157,7 @@ def start_forger(url: str, tmp: Path, seconds: float) -> subprocess.Popen[str]:
     public_key = swarm_access.load_or_create_identity(identity).get_public_key().to_bytes().decode()
     deadline = time.monotonic() + 120
     while True:  # as the CLI does: a 503 while the swarm starts says when to try again
-        joined = httpx.post(
+        joined = http.post(
             f"{url}/api/experiments/{SLUG}/join", headers=mallory, json={"peer_public_key": public_key}, timeout=60
         )
         if joined.status_code != 503 or time.monotonic() > deadline:
@@ -198,12 +197,12 @@ def test_forged_records_earn_nothing_and_flagged_volunteers_are_removed(tmp_path
         # Her whole 1.5 min: the credit asserted below is a share of all she contributed, which a run stopped as
         # soon as she is 10 epochs in does not bound (one such run had her contribute 1,312 samples, 288 credited).
         seen_children, outputs = wait_volunteers(workers, tmp_path)
-        token = httpx.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
-        board = httpx.get(
+        token = http.post(f"{url}/api/auth/token", json={"username": "organizer", "password": PASSWORD})
+        board = http.get(
             f"{url}/api/experiments/{SLUG}/leaderboard",
             headers={"Authorization": f"Bearer {token.json()['access_token']}"},
         ).json()
-        denied = httpx.get(f"{url}/api/experiments/{SLUG}/denylist", headers=organizer).json()
+        denied = http.get(f"{url}/api/experiments/{SLUG}/denylist", headers=organizer).json()
     rows = {entry["username"]: entry for entry in board}
     # The honest volunteer trained on while mallory forged and after nina was removed (each had stalled her: a
     # witness restating the forger's epoch, a removed peer's state refused at every step): most of her work went
@@ -255,7 +254,7 @@ def test_a_huge_claimed_weight_earns_no_more_than_the_honest_peer_and_is_flagged
         workers = start_volunteers(url, tmp_path, ("ada", None), ("vera", OVERCLAIMER), minutes=1.0)
         seen_children, outputs = wait_volunteers(workers, tmp_path)
         time.sleep(5)  # the monitor's last read of the witness's rounds
-        board = httpx.get(f"{url}/api/experiments/{SLUG}/leaderboard", headers=organizer).json()
+        board = http.get(f"{url}/api/experiments/{SLUG}/leaderboard", headers=organizer).json()
     rows = {entry["username"]: entry for entry in board}
     assert rows["ada"]["samples"] > 0, (board, outputs["ada"][-3000:])
     assert rows["vera"]["samples"] <= rows["ada"]["samples"], board

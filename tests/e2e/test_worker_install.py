@@ -20,12 +20,11 @@ import sysconfig
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from swarmhub import __version__
 
-from ..processes import DIGITS_SLUG, running_server, signup, start_digits_experiment
+from ..processes import DIGITS_SLUG, http, running_server, signup, start_digits_experiment
 
 pytestmark = [pytest.mark.e2e, pytest.mark.waits, pytest.mark.timeout(420)]  # see tests/lanes.py
 
@@ -33,7 +32,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.waits, pytest.mark.timeout(420)]  # s
 def wait_package(url: str, timeout: float = 240.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = httpx.get(f"{url}/api/worker", timeout=10).json()
+        found = http.get(f"{url}/api/worker", timeout=10).json()
         if found["available"] or found["problem"]:
             return found
         time.sleep(1.0)
@@ -75,7 +74,7 @@ def test_a_fresh_environment_installs_the_worker_from_the_hub_and_joins(tmp_path
         # the pages show the same command (the front page and an experiment's dashboard)
         start_digits_experiment(url)
         for page in ("/", f"/experiments/{DIGITS_SLUG}"):
-            shown = html.unescape(httpx.get(f"{url}{page}", timeout=30).text)
+            shown = html.unescape(http.get(f"{url}{page}", timeout=30).text)
             assert command in shown, page
 
         python = fresh_environment(tmp_path / "fresh")
@@ -152,4 +151,4 @@ def test_a_wheel_that_does_not_match_the_stated_hash_installs_nothing(tmp_path):
         assert not (python.parent / "swarmhub").exists()
         # and the hub serves only its own wheel
         for name in ("../settings.py", "swarmhub-0.0.1-py3-none-any.whl", "..%2F..%2Fpyproject.toml"):
-            assert httpx.get(f"{url}/download/{name}", timeout=10).status_code == 404, name
+            assert http.get(f"{url}/download/{name}", timeout=10).status_code == 404, name
