@@ -280,33 +280,3 @@ def test_a_claim_is_flagged_however_fast_the_claimer_signs_its_own_records(db, c
     (row,) = board
     assert (row["username"], row["samples"], row["claimed_samples"]) == ("mallory", 0, 1_000_000)
     assert any("claims 1,000,000 samples" in flag for flag in row["flags"]), row
-
-
-def test_a_witness_started_again_is_told_the_ledgers_newest_epoch(app, db):
-    """The config the server writes for its witness (at every start, and again after a crash or a server restart)
-    carries the epoch of the newest round the ledger holds: 0 before any, then the newest round's, not the largest
-    a round claimed out of order."""
-    from swarmhub.server.models import Experiment
-    from swarmhub.server.services import services
-
-    from .support import observe, witness
-
-    olga, _ = make_user(db, "olga"), make_user(db, "ada")
-    experiment = make_experiment(db, olga, slug="restart", status="running")
-    coordinator = services(app).coordinator
-
-    def config_epoch() -> int:
-        with db() as session:
-            return coordinator.aux_config(session, session.get(Experiment, experiment.id))["witnessed_epoch"]
-
-    assert config_epoch() == 0
-    now = utcnow()
-    observe(db, experiment.id, now - timedelta(seconds=30), ("ada", "QmAda", 0, 64))
-    witness(db, experiment.id, now - timedelta(seconds=20), "aa" * 8, 41, [("ada", "QmAda", 64.0)])
-    witness(db, experiment.id, now - timedelta(seconds=10), "bb" * 8, 42, [("ada", "QmAda", 64.0)])
-    assert config_epoch() == 42
-    from swarmhub.server.swarm.events import AuxConfig
-
-    with db() as session:
-        config = coordinator.aux_config(session, session.get(Experiment, experiment.id))
-    assert AuxConfig.model_validate({**config, "run_id": "r", "initial_peers": []}).witnessed_epoch == 42

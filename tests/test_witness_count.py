@@ -6,8 +6,6 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from swarmhub.server.swarm.events import Progress
 from swarmhub.server.swarm.host import Peer, SwarmHost
 from swarmhub.server.swarm.witnesses import MAX_WITNESSES
@@ -40,35 +38,3 @@ def test_one_witness_per_group_of_volunteers_peers(tmp_path: Path) -> None:
     finally:
         process.kill()
         process.wait()
-
-
-@pytest.mark.swarm
-def test_a_witness_with_no_round_yet_states_the_epoch_it_was_started_with() -> None:
-    """A witness started again (after a crash or a server restart) in a swarm whose records it has not read states
-    the ledger's newest epoch, not 0, until its own rounds show the swarm's (a real DHT, roster and hivemind
-    progress tracker; nothing in the swarm yet)."""
-    import time
-
-    import hivemind
-    from hivemind.utils.crypto import RSAPrivateKey
-
-    from swarmhub.worker.swarm.epoch import Roster
-    from swarmhub.worker.swarm.witness import Witness, make_recording_tracker_class
-
-    dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    tracker = None
-    try:
-        key = RSAPrivateKey()
-        tracker = make_recording_tracker_class()(dht=dht, prefix="restart", target_batch_size=64, start=True)
-        deadline = time.monotonic() + 30
-        while tracker.last_read is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        roster = Roster(dht, "restart", key.get_public_key(), "swarmhub")
-        fresh = Witness(dht, "restart", b"key", roster)
-        again = Witness(dht, "restart", b"key", roster, evidenced=42)
-        assert fresh.swarm_epoch(tracker) == 0
-        assert again.swarm_epoch(tracker) == 42
-    finally:
-        if tracker is not None:
-            tracker.shutdown()
-        dht.shutdown()

@@ -224,17 +224,6 @@ def _window_bound(
     return max(others.values()) if others else float("inf")
 
 
-def last_epoch(session: Session, experiment_id: int) -> int:
-    """The epoch of the newest witnessed round of the experiment (0 before any): one row by the time index."""
-    epoch = session.scalar(
-        select(WitnessedRound.epoch)
-        .where(WitnessedRound.experiment_id == experiment_id)
-        .order_by(WitnessedRound.witnessed_at.desc())
-        .limit(1)
-    )
-    return int(epoch or 0)
-
-
 def record_flags(session: Session, experiment: Experiment, flags: list[Flag], now: datetime) -> list[str]:
     """Store the flags not seen before; returns the usernames that reached ``auto_remove_flags`` (removed here)."""
     if not flags:

@@ -49,7 +49,6 @@ def main(argv: list[str] | None = None) -> int:
         denied=access.denied,
         stop_event=stop,
         corpus=corpus,
-        witnessed_epoch=config.witnessed_epoch,
         on_joined=lambda peer_id, maddrs: emit(Ready(peer_id=peer_id, maddrs=maddrs)),
     )
     emit(Stopped(epoch=summary.epoch))

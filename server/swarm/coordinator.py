@@ -121,11 +121,7 @@ class SwarmCoordinator:
         """What the auxiliary peer (the witness) needs: the experiment's config and, for a task that trains on a
         corpus, the corpus folder (the model's shape is in its manifest)."""
         config = experiments.to_config(experiment).model_dump(mode="json")
-        return {
-            "experiment": config,
-            "corpus": self._corpus(session, experiment),
-            "witnessed_epoch": witnessed.last_epoch(session, experiment.id),
-        }
+        return {"experiment": config, "corpus": self._corpus(session, experiment)}
 
     def _corpus(self, session: Session, experiment: Experiment) -> str | None:
         corpus = session.get(Corpus, experiment.id)

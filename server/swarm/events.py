@@ -116,10 +116,6 @@ class AuxConfig(BaseModel):
     # The experiment's prepared corpus folder, for a task that trains on one: the auxiliary peer computes nothing,
     # but the model's shape (vocabulary, sequence length) comes from the corpus's manifest.
     corpus: str | None = None
-    # The epoch of the newest round the ledger holds: a witness (re)started after the server was states it until
-    # its own rounds show the swarm's epoch (``Witness.swarm_epoch``), not 0. The swarm's epoch only grows (a
-    # rollback shares the restored state at a later epoch), so it is never ahead of the swarm.
-    witnessed_epoch: int = Field(default=0, ge=0)
 
 
 class KeeperConfig(AuxConfig):

@@ -128,6 +128,8 @@ def test_two_volunteers_train_together_over_several_token_lifetimes(tmp_path):
         # averaging timeout in it).
         for name in ("ada", "grace"):
             assert leaving_seconds(tmp_path / name / "logs" / f"{SLUG}.log") < 10, name
+            # the log holds the swarm's events, not a line per HTTP request (the deny list is read every 5 s)
+            assert "HTTP Request:" not in (tmp_path / name / "logs" / f"{SLUG}.log").read_text(errors="replace"), name
 
         board = http.get(f"{url}/api/experiments/{SLUG}/leaderboard").json()
         assert sorted(entry["username"] for entry in board) == ["ada", "grace"]

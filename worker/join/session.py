@@ -208,6 +208,8 @@ def _swarm_logging(log_path: Path, verbose: bool, restore: bool) -> Iterator[IO[
     if verbose:
         yield sys.stderr
         return
+    # httpx logs every request at INFO: the deny list read every few seconds filled the volunteer's log
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stderr.flush()
     saved = os.dup(2)

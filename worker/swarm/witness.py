@@ -75,7 +75,7 @@ def make_recording_tracker_class() -> type:
 class Witness:
     """Publishes the rounds the averager processes saw complete, and this peer's flags, in the DHT."""
 
-    def __init__(self, dht: Any, run_id: str, public_key: bytes, roster: Any = None, evidenced: int = 0):
+    def __init__(self, dht: Any, run_id: str, public_key: bytes, roster: Any = None):
         self.dht, self.run_id, self.public_key = dht, run_id, public_key
         self.roster = roster  # swarm_epoch.Roster: whose records vote for the epoch this peer's record states
         self.rounds: deque[dict[str, Any]] = deque(maxlen=KEEP_ROUNDS)
@@ -84,8 +84,7 @@ class Witness:
         self._present_at = 0.0
         self._present_epoch: int | None = None
         self._epoch_read_at = -PRESENT_SECONDS
-        # the epoch the last rounds with partners showed: at the start, the newest the hub's ledger holds
-        self._evidenced = evidenced
+        self._evidenced = 0  # the epoch the last rounds with partners showed
 
     def keep_present(self, tracker: Any) -> None:
         """Keep a progress record of this peer in the swarm (epoch: the swarm's, no samples), as a trainer's.

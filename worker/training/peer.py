@@ -186,7 +186,6 @@ def train(
     fetch_token: Callable[[], SwarmToken] | None = None,
     denied: Callable[[], set[str]] | None = None,
     corpus: TaskData | None = None,
-    witnessed_epoch: int = 0,
     keeper: Callable[[Any, Task, torch.nn.Module, Callable[[], StopReason | None]], None] | None = None,
 ) -> TrainingSummary:
     """Train ``join.experiment`` with the swarm until a limit, ``stop_event``, or the server says stop.
@@ -194,9 +193,6 @@ def train(
     ``corpus`` is the experiment's training text for a task that needs one (``RemoteCorpus`` for a volunteer).
     ``keeper`` replaces training (the server's checkpoint peer): it is called with the hivemind optimizer, the
     task, the model and the stop check once the peer is in the swarm, and before it loads the swarm's state.
-
-    ``witnessed_epoch`` (the server's witness): the epoch of the newest round the hub's ledger holds, which the
-    witness states as the swarm's until its own rounds show one (``witness.Witness.swarm_epoch``).
 
     ``identity_path`` is the peer's key (``swarm_access.load_or_create_identity``): the one that
     ``join.swarm_token`` admits. ``fetch_token`` renews that token before it expires; without it the peer
@@ -319,7 +315,6 @@ def train(
                     join.run_id,
                     access.key.get_public_key().to_bytes(),
                     swarm_epoch.Roster(dht, join.run_id, access.experiment_key, join.username, deny_list),
-                    evidenced=witnessed_epoch,
                 )
             with _sigint_handler_kept():
                 opt = SwarmOptimizer(
