@@ -492,6 +492,20 @@ def test_the_team_page_shows_moderation_controls_to_whom_they_serve(app, db, cre
 # ---- paging
 
 
+def one_member_team(session: Any, experiment_id: int, name: str, username: str, verified: int) -> None:
+    """A team ``name`` founded by ``username``, its one member (an admin), with ``verified`` samples in the
+    experiment, written straight to the tables."""
+    user = User(username=username, password_hash="x")
+    session.add(user)
+    session.flush()
+    team = Team(name=name, description="", founder_id=user.id, creator_id=user.id)
+    session.add(team)
+    session.flush()
+    session.add(TeamMember(user_id=user.id, team_id=team.id, role="admin"))
+    session.add(VolunteerTotal(experiment_id=experiment_id, user_id=user.id, sort_name=username,
+                               verified_samples=verified))  # fmt: skip
+
+
 def test_standings_page_by_cursor_both_ways_with_absolute_ranks(client, db):
     olga = make_user(db, "olga")
     alpha = make_experiment(db, olga, slug="alpha", status="running")
@@ -499,15 +513,7 @@ def test_standings_page_by_cursor_both_ways_with_absolute_ranks(client, db):
     figures = [("zed", 50), ("Amy", 50), ("bob", 50), ("cat", 70), ("dan", 0), ("Eve", 0), ("fay", 20), ("gus", 0)]
     with db.begin() as session:
         for name, verified in figures:
-            user = User(username=f"m-{name}", password_hash="x")
-            session.add(user)
-            session.flush()
-            team = Team(name=name, description="", founder_id=user.id, creator_id=user.id)
-            session.add(team)
-            session.flush()
-            session.add(TeamMember(user_id=user.id, team_id=team.id, role="admin"))
-            session.add(VolunteerTotal(experiment_id=alpha.id, user_id=user.id, sort_name=user.username,
-                                       verified_samples=verified))  # fmt: skip
+            one_member_team(session, alpha.id, name, f"m-{name}", verified)
     whole = client.get("/api/teams", params={"limit": 500})
     assert "next-cursor" not in whole.headers and "link" not in whole.headers
     order = [t["name"] for t in whole.json()]
@@ -574,15 +580,7 @@ def test_a_teams_members_come_in_pages_and_its_rank_is_the_standings(client, db)
             session.add(TeamMember(user_id=user.id, team_id=big.id, role="member",
                                    joined_at=start + timedelta(minutes=index)))  # fmt: skip
         for name, verified in (("ahead", 500), ("tied", 380), ("after", 1)):
-            user = User(username=f"lead-{name}", password_hash="x")
-            session.add(user)
-            session.flush()
-            team = Team(name=name, description="", founder_id=user.id, creator_id=user.id)
-            session.add(team)
-            session.flush()
-            session.add(TeamMember(user_id=user.id, team_id=team.id, role="admin"))
-            session.add(VolunteerTotal(experiment_id=alpha.id, user_id=user.id, sort_name=user.username,
-                                       verified_samples=verified))  # fmt: skip
+            one_member_team(session, alpha.id, name, f"lead-{name}", verified)
 
     named = ["m2", "m9", "m1", "m3", "m7", "m6", "m4"]  # by verified, then joined
     whole = client.get("/api/teams/big", params={"members_limit": 500}).json()

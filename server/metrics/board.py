@@ -3,19 +3,18 @@ ranking index, and for the organizer the flags on claims the swarm's signed reco
 
 from __future__ import annotations
 
-import base64
 import json
 from datetime import datetime
 from functools import lru_cache
 from typing import Annotated, Any, NamedTuple
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter
 from sqlalchemy import BigInteger, Integer, Row, Select, Text, and_, bindparam, func, select, tuple_, union_all
 from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
 from swarmhub.server.community import volunteers
-from swarmhub.server.core.errors import BadRequest
+from swarmhub.server.core import cursors
 from swarmhub.server.core.security import StoredText
 from swarmhub.server.ledger import contributions, milestones
 from swarmhub.server.metrics.common import (
@@ -74,15 +73,12 @@ class Cursor(NamedTuple):
     user_id: Annotated[int, Field(ge=0, le=2**62)]
 
     def encode(self) -> str:
-        return base64.urlsafe_b64encode(_CURSOR.dump_json(self)).decode().rstrip("=")
+        return cursors.encode(_CURSOR, self)
 
     @staticmethod
     def decode(text: str) -> Cursor:
         """The cursor a page returned; a 400 naming ``cursor`` for anything else."""
-        try:
-            return _CURSOR.validate_json(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-        except (ValueError, ValidationError):  # a base64 error is a ValueError
-            raise BadRequest("not a cursor this leaderboard returned", field="cursor") from None
+        return cursors.decode(_CURSOR, text, "cursor", "not a cursor this leaderboard returned")
 
     @staticmethod
     def of(rank: int, row: TotalRow) -> Cursor:

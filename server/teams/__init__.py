@@ -30,6 +30,7 @@ its named members in pages of at most ``MEMBERS_MAX_LIMIT`` (``members_cursor``)
 
 from __future__ import annotations
 
+from swarmhub.server.teams.export import stats, stats_bodies, stats_csv
 from swarmhub.server.teams.membership import (
     can_manage,
     can_remove,
@@ -76,9 +77,6 @@ from swarmhub.server.teams.standings import (
     membership,
     standings,
     standings_page,
-    stats,
-    stats_bodies,
-    stats_csv,
     team_of,
 )
 

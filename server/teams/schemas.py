@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import base64
 from datetime import datetime
 from typing import Annotated, NamedTuple
 from urllib.parse import quote
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, Field, TypeAdapter, field_validator
 
 from swarmhub.server.accounts.users import USERNAME_RE
-from swarmhub.server.core.errors import BadRequest
+from swarmhub.server.core import cursors
 from swarmhub.server.core.security import StoredText
 
 NAME_MAX = 32
@@ -116,15 +115,12 @@ class TeamCursor(NamedTuple):
     team_id: Annotated[int, Field(ge=0, le=2**62)]
 
     def encode(self) -> str:
-        return base64.urlsafe_b64encode(_CURSOR.dump_json(self)).decode().rstrip("=")
+        return cursors.encode(_CURSOR, self)
 
     @staticmethod
     def decode(text: str, field: str = "cursor") -> TeamCursor:
         """The cursor a page returned; a 400 naming ``field`` for anything else."""
-        try:
-            return _CURSOR.validate_json(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-        except (ValueError, ValidationError):  # a base64 error is a ValueError
-            raise BadRequest("not a cursor these standings returned", field=field) from None
+        return cursors.decode(_CURSOR, text, field, "not a cursor these standings returned")
 
 
 _CURSOR = TypeAdapter(TeamCursor)
@@ -139,15 +135,12 @@ class MemberCursor(NamedTuple):
     user_id: Annotated[int, Field(ge=0, le=2**62)]
 
     def encode(self) -> str:
-        return base64.urlsafe_b64encode(_MEMBER_CURSOR.dump_json(self)).decode().rstrip("=")
+        return cursors.encode(_MEMBER_CURSOR, self)
 
     @staticmethod
     def decode(text: str, field: str = "members_cursor") -> MemberCursor:
         """The cursor a team's page returned; a 400 naming ``field`` for anything else."""
-        try:
-            return _MEMBER_CURSOR.validate_json(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-        except (ValueError, ValidationError):
-            raise BadRequest("not a cursor this team's member list returned", field=field) from None
+        return cursors.decode(_MEMBER_CURSOR, text, field, "not a cursor this team's member list returned")
 
 
 _MEMBER_CURSOR = TypeAdapter(MemberCursor)
