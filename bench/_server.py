@@ -177,20 +177,27 @@ class SwarmhubServer:
     def finish(self, slug: str) -> None:
         self.http.post(f"/api/experiments/{slug}/status", json={"action": "finish"})
 
-    def monitor_seconds(self, modules: tuple[str, ...] = ("bootstrap_peer",)) -> float:
-        """CPU seconds so far of the server's peers run as ``swarmhub.server.swarm.<module>`` (by default its
-        monitor peers, ``bootstrap_peer``) and of what they forked (DHT, averagers, ``p2pd``)."""
-        total = 0.0
+    def peer_processes(self, modules: tuple[str, ...]) -> list[tuple[str, psutil.Process]]:
+        """The server's peer processes run as ``swarmhub.server.swarm.<module>`` for one of ``modules``: (module,
+        process) each."""
+        found = []
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process(self.pid).children():
                 with contextlib.suppress(psutil.Error):
                     command = " ".join(child.cmdline())
-                    if not any(f"swarmhub.server.swarm.{module}" in command for module in modules):
-                        continue
-                    for p in [child, *child.children(recursive=True)]:
-                        with contextlib.suppress(psutil.Error):
-                            t = p.cpu_times()
-                            total += t.user + t.system
+                    found += [(m, child) for m in modules if f"swarmhub.server.swarm.{m}" in command][:1]
+        return found
+
+    def monitor_seconds(self, modules: tuple[str, ...] = ("bootstrap_peer",)) -> float:
+        """CPU seconds so far of the server's peers run as ``swarmhub.server.swarm.<module>`` (by default its
+        monitor peers, ``bootstrap_peer``) and of what they forked (DHT, averagers, ``p2pd``)."""
+        total = 0.0
+        for _, child in self.peer_processes(modules):
+            with contextlib.suppress(psutil.Error):
+                for p in [child, *child.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        t = p.cpu_times()
+                        total += t.user + t.system
         return total
 
     def close(self) -> None:

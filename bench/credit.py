@@ -24,7 +24,6 @@ server's peers <= 0.05 cores per active worker.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import secrets
 import signal
 import sys
@@ -34,7 +33,6 @@ from typing import Any
 
 import _common as c
 import _server as s
-import psutil
 
 PEER_MODULES = ("bootstrap_peer", "aux_peer", "checkpoint_peer")
 TARGET_RATIO, TARGET_CORES_PER_WORKER, TARGET_IDLE_CORES = 0.95, 0.05, 0.25
@@ -156,21 +154,11 @@ def run_size(task: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
     return {"size": size, "window": ratios, "whole": whole, "cores": cores, "idle": idle, "final": final}
 
 
-def peer_modules_running(server: s.SwarmhubServer) -> set[str]:
-    running = set()
-    with contextlib.suppress(psutil.Error):
-        for child in psutil.Process(server.pid).children():
-            with contextlib.suppress(psutil.Error):
-                command = " ".join(child.cmdline())
-                running |= {m for m in PEER_MODULES if f"swarmhub.server.swarm.{m}" in command}
-    return running
-
-
 def measure_idle(server: s.SwarmhubServer, minutes: float) -> float:
     """Cores the running experiment's server peers use with no volunteer: once the monitor and the witness are up
     and ``IDLE_SETTLE_SECONDS`` have passed (their start-up is not idle), over ``minutes``."""
     deadline = time.monotonic() + 240
-    while not {"bootstrap_peer", "aux_peer"} <= peer_modules_running(server):
+    while not {"bootstrap_peer", "aux_peer"} <= {m for m, _ in server.peer_processes(PEER_MODULES)}:
         if time.monotonic() > deadline:
             raise c.BenchError("the server's swarm peers did not start within 4 minutes")
         time.sleep(2)
