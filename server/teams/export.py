@@ -11,13 +11,13 @@ from sqlalchemy.orm import Session
 from swarmhub.server.community import exports
 from swarmhub.server.models import TeamMember, utcnow
 from swarmhub.server.teams.schemas import CSV_FIELDS, TeamStats, TeamStatsExperiment, TeamStatsRow
-from swarmhub.server.teams.standings import _experiments_by_team, _public_verified, _ranked, _summary
+from swarmhub.server.teams.standings import experiments_by_team, public_verified, ranked, summary_of
 
 
 def _members(session: Session, team_id: int | None = None) -> dict[int, list[Any]]:
     """Each team's members (or ``team_id``'s) with their verified samples, most verified first, then the longest
     in the team: (TeamMember, verified) rows by team id."""
-    per_user = _public_verified()
+    per_user = public_verified()
     verified = func.coalesce(per_user.c.verified, 0)
     query = (
         select(TeamMember, verified)
@@ -42,12 +42,12 @@ def stats(session: Session) -> TeamStats:
     """The open statistics export: every team as the standings and the team pages count it (the same functions),
     with the members anyone may see named and the others counted, and its standing in each public experiment."""
     members = _members(session)
-    experiments = _experiments_by_team(session)
+    experiments = experiments_by_team(session)
     rows = []
-    for rank, row in enumerate(_ranked(session, None, None, None), 1):
+    for rank, row in enumerate(ranked(session, None, None, None), 1):
         team, listed = row.Team, members.get(row.Team.id, [])
         named = [member.user.username for member, _ in _named(listed)]
-        summary = _summary(rank, team, row.members, row.verified)
+        summary = summary_of(rank, team, row.members, row.verified)
         rows.append(
             TeamStatsRow(
                 rank=rank,

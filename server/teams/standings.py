@@ -47,7 +47,7 @@ def team_of(session: Session, user: User) -> Team | None:
     return session.get(Team, row.team_id) if row is not None else None
 
 
-def _public_verified(team_id: int | None = None) -> Any:
+def public_verified(team_id: int | None = None) -> Any:
     """Each user's verified samples over experiments anyone may see (of ``team_id``'s members only, if given)."""
     query = (
         select(VolunteerTotal.user_id, func.sum(VolunteerTotal.verified_samples).label("verified"))
@@ -62,7 +62,7 @@ def _public_verified(team_id: int | None = None) -> Any:
 
 def _standings() -> Any:
     """Each team's members and verified samples, with its sort key: the standings before their order."""
-    per_user = _public_verified()
+    per_user = public_verified()
     return (
         select(
             Team.id.label("team_id"),
@@ -77,7 +77,7 @@ def _standings() -> Any:
     )
 
 
-def _ranked(session: Session, limit: int | None, after: TeamCursor | None, before: TeamCursor | None) -> Any:
+def ranked(session: Session, limit: int | None, after: TeamCursor | None, before: TeamCursor | None) -> Any:
     """Rows (team, members, verified, sort_name) of the standings in their order: most verified first, then by
     name whatever the case (names are unique so), then by id; ``limit`` of them after ``after``, or the ``limit``
     just before ``before``, or all."""
@@ -108,8 +108,8 @@ def _ranked(session: Session, limit: int | None, after: TeamCursor | None, befor
 
 def standings(session: Session) -> list[TeamSummary]:
     """Every team, most verified first (then by name): the hub-wide standings."""
-    rows = _ranked(session, None, None, None)
-    return [_summary(rank, row.Team, row.members, row.verified) for rank, row in enumerate(rows, 1)]
+    rows = ranked(session, None, None, None)
+    return [summary_of(rank, row.Team, row.members, row.verified) for rank, row in enumerate(rows, 1)]
 
 
 def standings_page(
@@ -117,7 +117,7 @@ def standings_page(
 ) -> TeamPage:
     """``limit`` teams of the standings: the first, those after the row ``after``, or those before ``before``;
     ``rank`` is the place in the whole standings."""
-    rows = _ranked(session, limit + 1, after, before)
+    rows = ranked(session, limit + 1, after, before)
     more = len(rows) > limit
     if before is not None:
         rows = rows[len(rows) - limit :] if more else rows
@@ -136,13 +136,13 @@ def standings_page(
         return TeamCursor(rank, int(row.verified), row.sort_name, row.Team.id).encode()
 
     return TeamPage(
-        entries=[_summary(first_rank + i, row.Team, row.members, row.verified) for i, row in enumerate(rows)],
+        entries=[summary_of(first_rank + i, row.Team, row.members, row.verified) for i, row in enumerate(rows)],
         next_cursor=cursor(last_rank, rows[-1]) if later else None,
         prev_cursor=cursor(first_rank, rows[0]) if earlier and first_rank > 1 else None,
     )
 
 
-def _summary(rank: int, team: Team, members: int, verified: Any) -> TeamSummary:
+def summary_of(rank: int, team: Team, members: int, verified: Any) -> TeamSummary:
     return TeamSummary(
         rank=rank,
         name=team.name,
@@ -158,7 +158,7 @@ def _summary(rank: int, team: Team, members: int, verified: Any) -> TeamSummary:
 
 def _rank_of(session: Session, team: Team) -> TeamSummary:
     """``team``'s row of the standings, its rank counted (the teams ahead of it), not the standings listed."""
-    per_user = _public_verified(team.id)
+    per_user = public_verified(team.id)
     members, verified = session.execute(
         select(func.count(TeamMember.user_id), func.coalesce(func.sum(per_user.c.verified), 0))
         .select_from(TeamMember)
@@ -177,7 +177,7 @@ def _rank_of(session: Session, team: Team) -> TeamSummary:
             )
         )
     )
-    return _summary(int(ahead or 0) + 1, team, members, verified)
+    return summary_of(int(ahead or 0) + 1, team, members, verified)
 
 
 def detail(
@@ -187,7 +187,7 @@ def detail(
     ``members_after``, most verified first, then the longest in the team), how many hid their profile, and its most
     verified experiments. Reads that team's rows only, whatever the hub's size."""
     team = get(session, name)
-    per_user = _public_verified(team.id)
+    per_user = public_verified(team.id)
     verified = func.coalesce(per_user.c.verified, 0)
     query = (
         select(TeamMember, verified)
@@ -266,10 +266,10 @@ def _team_experiments(session: Session, team: Team) -> list[TeamExperiment]:
         .where(TeamMember.team_id == team.id, VolunteerTotal.verified_samples > 0)
         .distinct()
     )
-    return _experiments_by_team(session, helped).get(team.id, [])
+    return experiments_by_team(session, helped).get(team.id, [])
 
 
-def _experiments_by_team(session: Session, experiment_ids: Any = None) -> dict[int, list[TeamExperiment]]:
+def experiments_by_team(session: Session, experiment_ids: Any = None) -> dict[int, list[TeamExperiment]]:
     """Every team's verified samples in each public experiment (of ``experiment_ids``, or all) that its members
     helped, its share and its rank among the teams there; by team id, most verified first."""
     by_team = _by_experiment_and_team(experiment_ids).subquery()
