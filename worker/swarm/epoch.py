@@ -223,6 +223,22 @@ def store_presence(dht: Any, tracker: Any, epoch: int) -> bool:
     )
 
 
+def group_peers(kept: Any, names: dict[str, str], own_peer: str) -> tuple[int, int]:
+    """(volunteers' peers other than ``own_peer``, the server's peers) among the signers of the progress records
+    ``kept`` that are on the roster (``names``: peer ID -> username). The server's peers that keep a record are its
+    witnesses (``witness.Witness.keep_present``)."""
+    volunteers = server = 0
+    for subkey in kept if isinstance(kept, dict) else ():
+        peer = owner_peer_id(subkey)
+        if peer is None or peer == own_peer or peer not in names:
+            continue
+        if names[peer] == swarm_access.SERVER_PEER_USERNAME:
+            server += 1
+        else:
+            volunteers += 1
+    return volunteers, server
+
+
 def make_tracker_class() -> type:
     from hivemind.optim.progress_tracker import ProgressTracker
     from hivemind.utils.timed_storage import get_dht_time  # at every step (``_hasten_read``): imported once
@@ -242,6 +258,9 @@ def make_tracker_class() -> type:
             self._unsent = threading.Event()  # a count was kept back: the flusher sends it within the interval
             self.kept_epochs: dict[str, int] = {}  # volunteers' peer ID -> epoch, of the records followed last
             self._unbacked: dict[str, float] = {}  # peer ID -> monotonic time until which its records are left out
+            # (volunteers' peers other than this one, the server's peers) with a record among those followed last: the
+            # group a gradient round of this peer expects (``matchmaking.expect_group``)
+            self.group_peers: tuple[int, int] | None = None
             super().__init__(*args, **kwargs)
             threading.Thread(target=self._flush_kept_counts, daemon=True, name="swarmhub-progress").start()
 
@@ -353,6 +372,7 @@ def make_tracker_class() -> type:
                 self.other_trainers = sum(
                     1 for subkey in kept or () if names.get(owner_peer_id(subkey) or "") not in not_trainers
                 )
+                self.group_peers = group_peers(kept, names, self.dht.peer_id.to_base58())
             except Exception as exc:  # never stop the tracker: read as hivemind would
                 logger.warning("could not bound the swarm's progress: %r", exc)
                 kept = metadata

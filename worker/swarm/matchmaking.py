@@ -112,6 +112,8 @@ def expect_witnesses(witnesses: frozenset[str], grace: float) -> None:
 
     global _WITNESSES, _GRACE, _EXPECTING
     _WITNESSES, _GRACE, _EXPECTING = frozenset(witnesses), grace, True
+    if _EXPECTED is None:
+        expect_group(0)  # the shared value, made before the averagers fork
     if not isinstance(Matchmaking.__dict__.get("min_group_size"), property):
         Matchmaking.min_group_size = property(_needed_group_size, _set_min_group_size)  # type: ignore[attr-defined]
 
@@ -138,6 +140,47 @@ def _learn_server_peers(dht: Any, declared: dict[str, float]) -> None:
         (_SERVER_PEERS if names[peer] == swarm_access.SERVER_PEER_USERNAME else _OTHER_PEERS).add(peer)
 
 
+# -- a round that waits for its expected group ---------------------------------------------------------------------
+#
+# hivemind's leader of a pre-scheduled gradient round begins at its scheduled time with whoever joined, and peers that
+# estimated the epoch's end later form groups of their own, which the witness is not in (``training/optimizer.py``).
+# With :func:`expect_group`, the round's group is the one the swarm's progress records show (this peer, the other
+# volunteers' peers, a witness): the leader begins the moment the last of them joins (its target size, hivemind's
+# ``rpc_join_group``), and until its own epoch has ended (its round triggered) it does not begin with fewer
+# (:func:`_needed_group_size`): it sends its followers away and keeps looking, as hivemind's leader of too small a
+# group does. Once its epoch has ended it begins with whoever is there, as before: a peer that does not come (one that
+# left, one catching up) costs nothing until then. Gradient rounds of an experiment of one group only: with
+# ``group_size`` the target is the group's (:func:`limit_groups`).
+
+_EXPECTED: Any = None  # multiprocessing.Value: the expected group of this peer's next gradient round (0: unknown)
+
+
+def expect_group(size: int) -> None:
+    """Make the next gradient round of this peer begin once ``size`` peers (itself included) are in its group; read
+    in the averager's process, which must fork after the first call (made by :func:`expect_witnesses`)."""
+    global _EXPECTED
+    if _EXPECTED is None:
+        import multiprocessing
+
+        _EXPECTED = multiprocessing.get_context("fork").Value("i", 0, lock=False)
+        from hivemind.averaging.matchmaking import Matchmaking
+
+        if not isinstance(Matchmaking.__dict__.get("target_group_size"), property):
+            Matchmaking.target_group_size = property(_target_group_size, _set_target_group_size)  # type: ignore
+    _EXPECTED.value = max(int(size), 0)
+
+
+def _set_target_group_size(self: Any, value: int | None) -> None:
+    self._swarmhub_target_group_size = value
+
+
+def _target_group_size(self: Any) -> int | None:
+    own: int | None = self.__dict__.get("_swarmhub_target_group_size", self.__dict__.get("target_group_size"))
+    if own is not None or _EXPECTED is None or _EXPECTED.value < 2 or not self._prefix.endswith("_grad_averager"):
+        return own
+    return int(_EXPECTED.value)
+
+
 def _set_min_group_size(self: Any, value: int) -> None:
     self._swarmhub_min_group_size = value
 
@@ -147,12 +190,15 @@ def _needed_group_size(self: Any) -> int:
 
     # (an instance made before the property was installed keeps its own value in its __dict__)
     base: int = self.__dict__.get("_swarmhub_min_group_size", self.__dict__.get("min_group_size", 2))
-    witnesses = _WITNESSES | _SERVER_PEERS
-    if not witnesses or not self._prefix.endswith("_grad_averager") or self.step_control is None:
+    if not self._prefix.endswith("_grad_averager") or self.step_control is None:
         return base
+    witnesses = _WITNESSES | _SERVER_PEERS
     if self.peer_id.to_base58() in witnesses:
         return base
-    if any(peer.to_base58() in witnesses for peer in self.current_followers):
+    expected = _EXPECTED.value if _EXPECTED is not None and _GROUP_SIZE <= 0 else 0
+    if expected > base and not self.step_control.triggered:
+        return expected  # this peer's epoch has not ended: the whole expected group, or keep looking
+    if not witnesses or any(peer.to_base58() in witnesses for peer in self.current_followers):
         return base
     now = get_dht_time()
     if now > self.step_control.scheduled_time + _GRACE:

@@ -30,6 +30,8 @@ logger = logging.getLogger("swarmhub.worker.training.peer")
 
 REPORT_EVERY_SECONDS = 2.0
 SPEED_WINDOW_SECONDS = 10.0
+# The server's witness declares its rounds at this fraction of the averaging timeout from the start of its search
+WITNESS_DECLARES_AT = 0.9
 OPTIMIZER_LOGGER = "hivemind.optim.optimizer"
 _AVERAGED_RE = re.compile(r"Averaged gradients with (\d+) peers")
 
@@ -187,11 +189,15 @@ def _join_one_round(
     if eta - now > lead:
         pause(min(eta - now - lead, 0.5))  # too early: read the swarm's progress again first
         return
+    # The server's witness declares its round as late as its search allows: it is then the last leader any trainer
+    # would join, so it joins the trainers' groups (where their leaders wait for the whole expected group,
+    # ``matchmaking.expect_group``) instead of leading one of whoever is looking early, which would begin at its time.
+    latest = now + opt.averaging_timeout * WITNESS_DECLARES_AT
     try:
         control = opt.grad_averager.step(
             wait=False,
             timeout=opt.averaging_timeout,
-            scheduled_time=min(max(eta, now + lead), now + opt.averaging_timeout / 2),
+            scheduled_time=latest if not when_due else min(max(eta, now + lead), now + opt.averaging_timeout / 2),
         )
     except Exception as exc:
         logger.warning("could not join an averaging round: %r", exc)

@@ -5,12 +5,25 @@ The learning-rate schedule runs at ``epoch - schedule_offset`` (:class:`SwarmSta
 state older than their own, while the schedule continues from the restored checkpoint's step. The offset travels
 with the swarm's state.
 
-A gradient averaging round is pre-scheduled only while the swarm's progress shows another peer.
+A gradient averaging round is pre-scheduled only while the swarm's progress shows another peer, and its group waits,
+until this peer's epoch has ended, for every peer the swarm's progress records show (``matchmaking.expect_group``).
 
-hivemind pre-schedules the next round shortly before an epoch ends, so that matchmaking overlaps the last steps.
+hivemind pre-schedules the next round when its estimate of the epoch's end is one matchmaking time away, so that
+matchmaking overlaps the last steps, and a group forms at its leader's scheduled time with whoever is there. Each peer
+estimates that end from its own last read of the swarm's progress, and with epochs of about 20 s on a busy machine the
+estimates of one epoch's end fell up to 6 s apart, more than the matchmaking time: a peer that estimated early led a
+group of itself and whoever was already looking (the server's witness, which always is), the others formed groups of
+their own later, and the first group's all-reduce then waited for its leader's epoch to really end, the witness with
+it. Only the witness's group is credited: 4 digits volunteers at the task's proposed target batch (1,048,576) were
+credited 0.28 to 0.57 of their samples (docs/benchmarks/credit.md, "Rounds that split"). With the expected group,
+a leader whose scheduled time comes before its own epoch's end and before all those peers joined keeps looking (its
+followers look again too) instead of beginning; the group begins the moment the last expected peer joins, or, once
+its epoch has ended, with whoever is there, as before. (Not pre-scheduling at all also keeps the groups whole, but a
+round that looks for its group only when the epoch ends cost the demo's one-second epochs half of their steps.)
+
 When the epoch ends and the progress tracker shows no other peer (a swarm's first seconds, before the peers'
-progress records have been read; or after the others left), it cancels that round. If the cancel lands while the
-round is still looking for a group, hivemind 1.1's matchmaking can be left broken: the log shows
+progress records have been read; or after the others left), hivemind cancels a pre-scheduled round. If the cancel
+lands while the round is still looking for a group, hivemind 1.1's matchmaking can be left broken: the log shows
 ``RuntimeError: aclose(): asynchronous generator is already running`` from ``_declare_averager_periodically``,
 and from then on every round of that peer ends "could not find a group" (seen in two-peer swarms on a busy
 2-core machine: both peers pre-scheduled at the start, saw each other a moment later, and never averaged).
@@ -32,7 +45,7 @@ from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.optim.state_averager import TrainingStateAverager, dump_optimizer_state, load_optimizer_state
 
 from swarmhub.worker.swarm import epoch as swarm_epoch
-from swarmhub.worker.swarm import witness
+from swarmhub.worker.swarm import matchmaking, witness
 from swarmhub.worker.swarm.epoch import UNBACKED_AFTER_SECONDS, UNBACKED_SECONDS
 
 logger = logging.getLogger(__name__)
@@ -250,7 +263,19 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
     def _maybe_schedule_gradient_averaging(self) -> None:
         if self.tracker.global_progress.num_peers <= 1:
             return  # alone: hivemind would cancel the round at the epoch's end (see the module's docstring)
+        self._expect_group()
         super()._maybe_schedule_gradient_averaging()
+
+    def _begin_averaging_gradients(self, grad_scaler: Any) -> bool:
+        self._expect_group()
+        return bool(super()._begin_averaging_gradients(grad_scaler))
+
+    def _expect_group(self) -> None:
+        """The group of this peer's next gradient round: itself, every other volunteer's peer in the swarm's
+        progress records, and a witness where one keeps a record (see the module's docstring)."""
+        others = getattr(self.tracker, "group_peers", None)
+        if others is not None:
+            matchmaking.expect_group(1 + others[0] + min(others[1], 1))
 
     def load_state_from_peers(self, **kwargs: Any) -> None:
         """hivemind's, then, when no state could be taken and the swarm still looks ahead, an immediate read of
