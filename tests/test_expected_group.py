@@ -1,5 +1,5 @@
 """The group a trainer's gradient round waits for: itself, the other volunteers' peers and the witness whose progress
-records it follows (``epoch.group_peers``), and the matchmaking rule that reads it (``matchmaking.expect_group``)."""
+records it follows (``progress.group_peers``), and the matchmaking rule that reads it (``matchmaking.expect_group``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from swarmhub.worker.swarm import matchmaking
 from swarmhub.worker.swarm.access import SERVER_PEER_USERNAME
-from swarmhub.worker.swarm.epoch import group_peers, owner_peer_id
+from swarmhub.worker.swarm.epoch import owner_peer_id
+from swarmhub.worker.swarm.progress import group_peers
 
 
 def _signed_record() -> tuple[bytes, Any, str]:

@@ -17,6 +17,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 
 from swarmhub.worker.swarm import access as swarm_access
 from swarmhub.worker.swarm import epoch as swarm_epoch
+from swarmhub.worker.swarm import progress as swarm_progress
 
 pytestmark = pytest.mark.swarm
 
@@ -41,7 +42,8 @@ def two_dhts():
 
 def make_tracker(dht, run_id: str, target: int, roster: swarm_epoch.Roster):  # noqa: ANN001, ANN201
     """swarmhub's progress tracker with hivemind's read schedule, as a training peer runs it."""
-    return swarm_epoch.make_tracker_class()(dht=dht, prefix=run_id, target_batch_size=target, start=True, roster=roster)
+    tracker_class = swarm_progress.make_tracker_class()
+    return tracker_class(dht=dht, prefix=run_id, target_batch_size=target, start=True, roster=roster)
 
 
 def join_as_bob(dht, run_id: str, experiment: RSAPrivateKey, samples: int) -> None:  # noqa: ANN001
@@ -75,7 +77,7 @@ def test_a_peer_that_joins_after_the_last_roster_read_counts_towards_the_batch_a
     ada_dht, bob_dht = two_dhts
     run_id, experiment = "late-roster", RSAPrivateKey()
     roster = swarm_epoch.Roster(ada_dht, run_id, experiment.get_public_key(), own_username="ada")
-    tracker = swarm_epoch.make_tracker_class()(
+    tracker = swarm_progress.make_tracker_class()(
         dht=ada_dht,
         prefix=run_id,
         target_batch_size=TARGET,
@@ -171,7 +173,7 @@ def test_after_the_epoch_length_guard_s_wait_a_lone_peer_trains_a_whole_batch_be
     assert swarm_access.publish_roster_entry(ada_dht, run_id, token)
     roster = swarm_epoch.Roster(ada_dht, run_id, experiment.get_public_key(), own_username="ada")
     target = 1_600  # about half a second of this peer's training (32 samples a step, a step every 10 ms or more)
-    tracker = swarm_epoch.make_tracker_class()(
+    tracker = swarm_progress.make_tracker_class()(
         dht=ada_dht, prefix=run_id, target_batch_size=target, start=True, roster=roster, private_key=ada
     )
     try:

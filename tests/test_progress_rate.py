@@ -14,6 +14,7 @@ import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarmhub.worker.swarm import epoch as swarm_epoch
+from swarmhub.worker.swarm import progress as swarm_progress
 
 pytestmark = pytest.mark.swarm
 
@@ -49,7 +50,7 @@ def counting_stores(dht) -> list[float]:  # noqa: ANN001
 def make_tracker(dht, run_id: str, swarmhub: bool):  # noqa: ANN001
     if swarmhub:
         roster = swarm_epoch.Roster(dht, run_id, RSAPrivateKey().get_public_key(), own_username="ada")
-        return swarm_epoch.make_tracker_class()(
+        return swarm_progress.make_tracker_class()(
             dht=dht, prefix=run_id, target_batch_size=TARGET, start=True, roster=roster
         )
     from hivemind.optim.progress_tracker import ProgressTracker
@@ -87,7 +88,7 @@ def test_a_fast_peer_stores_a_few_records_a_second_where_hivemind_stores_one_per
         counts[swarmhub] = len(stores)
         del first.store  # undo the instrument
     seconds = 3.0
-    assert counts[True] <= seconds / swarm_epoch.PROGRESS_INTERVAL + 3, counts  # + the epoch's first, slack
+    assert counts[True] <= seconds / swarm_progress.PROGRESS_INTERVAL + 3, counts  # + the epoch's first, slack
     assert counts[False] > 3 * counts[True], counts
 
 
@@ -99,7 +100,7 @@ def test_the_latest_count_goes_out_within_the_interval_and_an_epoch_s_final_coun
     try:
         samples = train(tracker, 1.0)
         # The peer stops stepping (say, it waits for an averaging round): its last count still reaches the swarm.
-        time.sleep(swarm_epoch.PROGRESS_INTERVAL + 1.0)
+        time.sleep(swarm_progress.PROGRESS_INTERVAL + 1.0)
         assert samples_seen(first, run_id).get(0) == samples
         # A count that completes the epoch goes out at once, however recently the last record went.
         tracker.report_local_progress(0, samples + 32)  # sent at once: the last record went long ago
@@ -107,14 +108,14 @@ def test_the_latest_count_goes_out_within_the_interval_and_an_epoch_s_final_coun
         before = len(stores)
         tracker.target_batch_size = samples  # this count completes the epoch
         tracker.report_local_progress(0, samples + 64)
-        deadline = time.monotonic() + swarm_epoch.PROGRESS_INTERVAL / 2
+        deadline = time.monotonic() + swarm_progress.PROGRESS_INTERVAL / 2
         while len(stores) == before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(stores) > before, "the epoch's final count waited for the interval"
         # So does the first record of the next epoch.
         before = len(stores)
         tracker.report_local_progress(1, 0)
-        deadline = time.monotonic() + swarm_epoch.PROGRESS_INTERVAL / 2
+        deadline = time.monotonic() + swarm_progress.PROGRESS_INTERVAL / 2
         while len(stores) == before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(stores) > before, "the new epoch's first record waited for the interval"

@@ -340,7 +340,7 @@ def install(
 ) -> None:
     """Guard every hivemind averager created after this call in this process (and its children): averaging,
     state download. Call before creating ``hivemind.Optimizer``; its tracker comes from
-    :func:`make_tracker_class`."""
+    :func:`progress.make_tracker_class`."""
     import hivemind.averaging.averager as averager_module
 
     if aggregation not in AGGREGATIONS:

@@ -46,7 +46,8 @@ from hivemind.optim.state_averager import TrainingStateAverager, dump_optimizer_
 
 from swarmhub.worker.swarm import epoch as swarm_epoch
 from swarmhub.worker.swarm import matchmaking, witness
-from swarmhub.worker.swarm.epoch import UNBACKED_AFTER_SECONDS, UNBACKED_SECONDS
+from swarmhub.worker.swarm import progress as swarm_progress
+from swarmhub.worker.swarm.progress import UNBACKED_AFTER_SECONDS, UNBACKED_SECONDS
 
 logger = logging.getLogger(__name__)
 # After a state download that left this peer behind, the swarm's progress is read again at most this often
@@ -222,7 +223,7 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
         }
         if self._roster is None:  # the server's witness: hivemind's tracker, its last read kept for the witness
             return witness.make_recording_tracker_class()(**common)
-        return swarm_epoch.make_tracker_class()(roster=self._roster, **common)
+        return swarm_progress.make_tracker_class()(roster=self._roster, **common)
 
     def shutdown(self) -> None:
         """hivemind's, except for the rounds that no group holds yet, which a leaving peer cancels instead of
