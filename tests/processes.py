@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import psutil
 
+from swarmhub.server.swarm.host import KEEPER_STOP_SECONDS
+
 from .conftest import PASSWORD, csrf_from, free_port
 from .swarm_processes import wait_healthy
 
@@ -95,7 +97,14 @@ def running_server(tmp_path: Path, **settings: str) -> Iterator[tuple[str, subpr
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
-            process.wait(60)
+            try:  # the server stops its peers at once, each within its bound: the checkpoint peer's is the longest
+                process.wait(KEEPER_STOP_SECONDS + 30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                log.close()
+                tail = (tmp_path / "server.log").read_text(errors="replace")[-4000:]
+                raise AssertionError(f"the server did not stop on SIGTERM; its log ends:\n{tail}") from None
         log.close()
 
 

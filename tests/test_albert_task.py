@@ -422,7 +422,11 @@ def test_the_downloaded_model_fills_masks_better_than_token_frequencies(
     trained: dict[str, Any], corpus: LocalCorpus, tmp_path: Path
 ) -> None:
     """What a user gets: the export through transformers' fill-mask pipeline, on held-out sentences with one token
-    masked, ranks the right token among its five more often than the unigram model's five most frequent tokens."""
+    masked, ranks the right token among its five more often than the unigram model's five most frequent tokens.
+
+    Every token of each sentence is masked in turn (about 1,500 masks): on the 232 masks of the held-out batch alone
+    the margin was 6 masks, and the tokenizer (trained afresh each run) once closed it. On all of them the model was
+    ahead by 0.036 to 0.052 in three runs."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
 
     task, model = trained["task"], trained["model"]
@@ -435,20 +439,19 @@ def test_the_downloaded_model_fills_masks_better_than_token_frequencies(
     )
     tokenizer = fill.tokenizer
     rows = load_sequences(corpus.file("eval.npy"))
-    _, _, labels = task._eval_batches()  # the held-out masks the dashboard's accuracy is measured on
     texts, wanted = [], []
-    for row, row_labels in zip(rows, labels.numpy(), strict=True):
+    for row in rows:
         tokens = [int(i) for i in row if i not in (PAD, CLS, SEP)]
         if tokenizer(tokenizer.decode(tokens), add_special_tokens=False)["input_ids"] != tokens:
             continue  # only sentences that read back as the same tokens
-        for position in np.flatnonzero(row_labels != -100) - 1:  # each masked token alone ([CLS] dropped)
+        for position in range(len(tokens)):  # each token alone
             ids = list(tokens)
             ids[position] = MASK
             text = tokenizer.decode(ids)
             if tokenizer(text, add_special_tokens=False)["input_ids"] == ids:  # a word piece may not read back
                 texts.append(text)
                 wanted.append(tokens[position])
-    assert len(texts) >= 100, len(texts)
+    assert len(texts) >= 1000, len(texts)
     predictions = fill(texts, top_k=5)
     model_top5 = np.mean([label in {p["token"] for p in guesses} for label, guesses in zip(wanted, predictions)])
 

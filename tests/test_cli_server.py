@@ -319,17 +319,24 @@ def test_join_refuses_a_hub_whose_swarm_speaks_another_protocol(settings, tmp_pa
 def test_join_waits_while_the_swarm_starts_and_says_so_once(settings, tmp_path):
     """A hub answers a join with 503 and Retry-After while it starts the experiment's swarm peer (a fresh peer
     took over a minute on a busy 2-core server): `join` says once that it waits, and goes on when the hub is
-    ready (here to the protocol check of the real answer, which ends the run in one more line)."""
+    ready (here to the protocol check of the real answer, which ends the run in one more line).
+
+    The hub's clock is 29 s ahead of this machine's, inside the 30-s bound: the clock check compares the hub's time
+    with the exchange that brought it, not with the whole wait (a join that had waited over a minute for a busy
+    server's swarm was once refused as 40 s behind the server's own clock)."""
     app, _ = hosted_elsewhere(settings, "starting-run")
     joins: list[int] = []
 
+    def ahead(answer: dict) -> None:
+        answer.update(swarm_protocol=SWARM_PROTOCOL + 1, server_time=answer["server_time"] + 29.0)
+
     def starting(url: str):
-        inner = join_rewriting_proxy(url, lambda answer: answer.update(swarm_protocol=SWARM_PROTOCOL + 1))
+        inner = join_rewriting_proxy(url, ahead)
 
         async def app(scope, receive, send):
             if scope["type"] == "http" and scope["path"].endswith("/join"):
                 joins.append(1)
-                if len(joins) <= 2:
+                if len(joins) <= 3:
                     body = json.dumps({"detail": "the experiment's swarm is starting: try again shortly"}).encode()
                     headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
                     await send({"type": "http.response.start", "status": 503, "headers": headers})
@@ -340,7 +347,7 @@ def test_join_waits_while_the_swarm_starts_and_says_so_once(settings, tmp_path):
         return app
 
     result = join_through_proxy(app, "starting-run", starting, tmp_path)
-    assert len(joins) == 3, result.output
+    assert len(joins) == 4, result.output
     lines = result.output.strip().splitlines()
     assert lines[0] == "The swarm of 'starting-run' is starting on the server: waiting for it (up to 3 minutes).", lines
     assert len(lines) == 2 and "speaks protocol" in lines[1] and "Traceback" not in result.output

@@ -442,3 +442,25 @@ def test_the_organizer_picks_the_aggregation_and_workers_get_it(client, db):
     changed = client.patch("/api/experiments/robust-digits", json={"aggregation": "mean"}, headers=auth)
     assert changed.status_code == 200 and changed.json()["aggregation"] == "mean"
     assert client.get("/api/experiments/robust-digits", headers=auth).json()["aggregation"] == "mean"
+
+
+def test_a_noise_sender_whose_standing_fell_just_under_zero_is_flagged_as_noise_not_as_against_the_swarm():
+    """A noise sender's standing sits near zero, and on either side of it by chance (its agreement's small bias comes
+    from the round: the honest parts' spread, its share of the weight). Its flag says noise, "unrelated", on both
+    sides; "against the swarm's" is kept for a standing under zero by the flag's evidence (in CI, a run of the swarm
+    test named its noise sender a sign-flipper in each of the three honest reducers). Here noise leaning a tenth of
+    its norm against the gradient: a standing of about -0.01, 8 senders of 30 parts each."""
+    standings = []
+    for seed in range(8):
+        robust.STANDING = aggregation.Standing()
+        robust.take_flags()
+        generator = torch.Generator().manual_seed(seed)
+        for _ in range(30):
+            parts = noisy_round(generator, noise=1.0)
+            bad = torch.randn(2000, generator=generator) - 0.1  # the gradient is ones / sqrt(2000): leaning away
+            parts[3] = bad * parts[3].norm() / bad.norm()
+            reduce(parts, [1.0] * 4, "centered-clip")
+        standings.append(robust.STANDING.score["peer-3"])
+        flags = robust.take_flags()
+        assert set(flags) == {"peer-3"} and set(flags["peer-3"]) == {robust.UNRELATED_REASON}, (seed, flags)
+    assert sum(s < 0 for s in standings) >= 4 and all(abs(s) < 0.05 for s in standings), standings

@@ -129,6 +129,9 @@ class ApiClient:
         self._token = token
         headers = {"User-Agent": user_agent, "Accept": "application/json"}
         self._http = httpx.Client(base_url=self.server_url, timeout=timeout, headers=headers)
+        # When the latest request was sent and its answer received (wall clock): a clock check compares the server's
+        # time against that one exchange, never against a wait made of several (a join waiting for a swarm to start)
+        self.last_exchange: tuple[float, float] | None = None
 
     def __enter__(self) -> ApiClient:
         return self
@@ -159,7 +162,10 @@ class ApiClient:
                 raise not_logged_in(self.server_url)
             headers["Authorization"] = f"Bearer {bearer}"
         try:
-            return self._http.request(method, path, headers=headers, **kw)
+            sent_at = time.time()
+            response = self._http.request(method, path, headers=headers, **kw)
+            self.last_exchange = (sent_at, time.time())
+            return response
         except httpx.TimeoutException as exc:
             raise WorkerError(
                 f"{self.server_url} did not answer in time ({type(exc).__name__}): try again later, "

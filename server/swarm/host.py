@@ -28,10 +28,15 @@ from swarmhub.server.swarm import commands as peer_commands
 from swarmhub.server.swarm import peer_logs, witnesses
 from swarmhub.server.swarm.events import Checkpoint, Failed, Keeping, Progress, Ready, parse
 from swarmhub.server.swarm.ports import PortRange
-from swarmhub.server.swarm.supervision import PeerKind, Supervisor, terminate
+from swarmhub.server.swarm.supervision import PeerKind, Supervisor, terminate, terminate_all
 
 logger = logging.getLogger("swarmhub.swarm")
 KEEPER_WAIT_SECONDS = 180.0  # joins wait this long at most for a starting checkpoint peer
+# How long a peer has to leave the swarm on SIGTERM before its process group is killed: the checkpoint peer may be
+# writing a checkpoint; a witness may be in a round
+KEEPER_STOP_SECONDS = 60.0
+AUX_STOP_SECONDS = 30.0
+MONITOR_STOP_SECONDS = 15.0
 
 
 @dataclass
@@ -260,14 +265,19 @@ class SwarmHost:
                 except Exception:
                     logger.exception("could not record a checkpoint of %s", run_id)
 
-    def stop_keeper(self, run_id: str, timeout: float = 60.0) -> None:
+    def stop_keeper(self, run_id: str, timeout: float = KEEPER_STOP_SECONDS) -> None:
+        process = self._detach_keeper(run_id)
+        if process is not None:
+            terminate(process, timeout)
+            logger.info("stopped the checkpoint peer for %s", run_id)
+
+    def _detach_keeper(self, run_id: str) -> subprocess.Popen[str] | None:
+        """The run's checkpoint peer, no longer kept or watched (the caller stops it)."""
         with self._lock:
             process = self._keepers.pop(run_id, None)
             self._keeper_ports.pop(run_id, None)
             self.supervisor.forget(run_id, "checkpoints")
-        if process is not None:
-            terminate(process, timeout)
-            logger.info("stopped the checkpoint peer for %s", run_id)
+        return process
 
     def keeper_pending(self, run_id: str) -> bool:
         """Whether volunteers should wait for the checkpoint peer: it is starting (for at most
@@ -287,19 +297,25 @@ class SwarmHost:
         peer_ids = {m.rsplit("/p2p/", 1)[1] for m in peer.maddrs if "/p2p/" in m}
         return [f"{tcp_maddr(host, peer.port)}/p2p/{peer_id}" for peer_id in sorted(peer_ids)] or peer.maddrs
 
-    def stop_aux(self, run_id: str, timeout: float = 30.0, first: int = 0) -> int | None:
+    def stop_aux(self, run_id: str, timeout: float = AUX_STOP_SECONDS, first: int = 0) -> int | None:
         """Stop the auxiliary peers numbered ``first`` and above; the first one's exit code (0: it left the swarm
         cleanly), None when none ran."""
+        stopping = self._detach_aux(run_id, first)
+        terminate_all([(process, timeout) for _, process in stopping])
+        for index, _ in stopping:
+            logger.info("stopped auxiliary peer %d for %s", index, run_id)
+        return stopping[0][1].returncode if stopping else None
+
+    def _detach_aux(self, run_id: str, first: int = 0) -> list[tuple[int, subprocess.Popen[str]]]:
+        """The run's auxiliary peers numbered ``first`` and above, no longer kept or watched (the caller stops
+        them)."""
         with self._lock:
             keys = sorted(key for key in self._aux if key[0] == run_id and key[1] >= first)
             stopping = [(key[1], self._aux.pop(key)) for key in keys]
             for key in keys:
                 self._aux_ports.pop(key, None)
                 self.supervisor.forget(run_id, "witness", key[1])
-        for index, process in stopping:
-            terminate(process, timeout)
-            logger.info("stopped auxiliary peer %d for %s", index, run_id)
-        return stopping[0][1].returncode if stopping else None
+        return stopping
 
     def aux_running(self, run_id: str, index: int = 0) -> bool:
         process = self._aux.get((run_id, index))
@@ -321,16 +337,31 @@ class SwarmHost:
         if self._shrinking.due(run_id, running, wanted):
             self.stop_aux(run_id, first=wanted)
 
-    def stop(self, run_id: str, timeout: float = 15.0) -> None:
-        self.stop_aux(run_id)
-        self.stop_keeper(run_id)
-        with self._lock:
-            peer = self._peers.pop(run_id, None)
-            self.supervisor.forget(run_id, "monitor")
-        if peer is None:
-            return
-        terminate(peer.process, timeout)
-        logger.info("stopped swarm peer for %s", run_id)
+    def stop(self, run_id: str, timeout: float = MONITOR_STOP_SECONDS) -> None:
+        """Stop every peer of the run at once (each leaves the swarm on SIGTERM, in parallel: one after another,
+        a busy server once took over a minute to stop an ALBERT run's three)."""
+        self._stop_runs([run_id], timeout)
+
+    def _stop_runs(self, run_ids: list[str], timeout: float = MONITOR_STOP_SECONDS) -> None:
+        stopping: list[tuple[subprocess.Popen[Any], float]] = []
+        described: list[str] = []
+        for run_id in run_ids:
+            for index, process in self._detach_aux(run_id):
+                stopping.append((process, AUX_STOP_SECONDS))
+                described.append(f"auxiliary peer {index} for {run_id}")
+            keeper = self._detach_keeper(run_id)
+            if keeper is not None:
+                stopping.append((keeper, KEEPER_STOP_SECONDS))
+                described.append(f"the checkpoint peer for {run_id}")
+            with self._lock:
+                peer = self._peers.pop(run_id, None)
+                self.supervisor.forget(run_id, "monitor")
+            if peer is not None:
+                stopping.append((peer.process, timeout))
+                described.append(f"swarm peer for {run_id}")
+        terminate_all(stopping)
+        for what in described:
+            logger.info("stopped %s", what)
 
     def reconcile(self, running: dict[str, HostedSwarm]) -> None:
         """Run exactly one peer per running experiment (run_id -> signing key, removed usernames, the
@@ -383,12 +414,8 @@ class SwarmHost:
         return {run_id: peer.progress.peers for run_id, peer in list(self._peers.items()) if peer.progress}
 
     def close(self) -> None:
-        for run_id in list(self._keepers):
-            self.stop_keeper(run_id)
-        for run_id in sorted({key[0] for key in self._aux}):
-            self.stop_aux(run_id)
-        for run_id in list(self._peers):
-            self.stop(run_id)
+        """Stop every peer of every run, all at once."""
+        self._stop_runs(sorted({*self._keepers, *(key[0] for key in self._aux), *self._peers}))
 
 
 def _process_of(peer: Peer | None) -> subprocess.Popen[str] | None:

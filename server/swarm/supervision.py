@@ -202,18 +202,26 @@ class Supervisor:
 
 def terminate(process: subprocess.Popen[Any], timeout: float) -> None:
     """Stop a peer process: SIGTERM (it leaves the swarm cleanly), then SIGKILL to its group after ``timeout``."""
-    if process.poll() is not None:
-        return
-    process.terminate()  # the peer shuts its DHT down cleanly on SIGTERM
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        logger.warning("swarm peer %s did not stop in %.0f s: killing its process group", process.pid, timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    if process.stdin is not None:
-        process.stdin.close()
+    terminate_all([(process, timeout)])
+
+
+def terminate_all(processes: list[tuple[subprocess.Popen[Any], float]]) -> None:
+    """:func:`terminate` each ``(process, timeout)`` at once: every one gets SIGTERM first, then each has its own
+    timeout, counted from that moment, to exit before SIGKILL goes to its group."""
+    started = time.monotonic()
+    for process, _ in processes:
+        if process.poll() is None:
+            process.terminate()  # the peer shuts its DHT down cleanly on SIGTERM
+    for process, timeout in processes:
+        try:
+            process.wait(max(started + timeout - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            logger.warning("swarm peer %s did not stop in %.0f s: killing its process group", process.pid, timeout)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        if process.stdin is not None:
+            process.stdin.close()
     # stdout is left to the reader thread, which sees EOF now that the peer is gone (closing it here
     # would block on the lock that thread holds while reading).
 

@@ -8,7 +8,6 @@ the session.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -100,7 +99,6 @@ def join_and_train(
             # a link measured at 0 Mbit/s is one not measured; a loopback measurement may exceed any real link
             bandwidth_mbps=min(bandwidth, MAX_BANDWIDTH_MBPS) if bandwidth else None,
         )
-        sent_at = time.time()
         joined = client.join(
             slug,
             request,
@@ -108,7 +106,8 @@ def join_and_train(
                 f"The swarm of {slug!r} is starting on the server: waiting for it (up to {most / 60:.0f} minutes)."
             ),
         )
-        check_clock(joined.server_time, sent_at, time.time())
+        assert client.last_exchange is not None  # the join's own answer
+        check_clock(joined.server_time, *client.last_exchange)
         check_swarm_protocol(client.server_url, joined)
         if note:
             click.echo(note)

@@ -181,8 +181,9 @@ def make_reducer_class() -> type:
             """``who`` was screened out of a part by its standing: no credit for this round, and a flag when, after
             ``STANDING_EARLY_PARTS`` parts, its standing is under the bound it was held to (zero, or half the
             others' median) by ``STANDING_FLAG_T`` standard errors of its agreements or more: evidence over rounds,
-            not a few parts' chance. ``DISSENT_REASON`` when its standing is under zero (against the others, as a
-            sign-flipper's), ``UNRELATED_REASON`` otherwise (near zero, as noise's)."""
+            not a few parts' chance. ``DISSENT_REASON`` when its standing is under zero by as many standard errors
+            too (against the others, as a sign-flipper's), ``UNRELATED_REASON`` otherwise (near zero, as noise's:
+            its sign alone is chance, and named noise a sign-flipper in one run of three reducers in eight)."""
             if sender_index in self.dissented:
                 return
             self.dissented.add(sender_index)
@@ -198,7 +199,8 @@ def make_reducer_class() -> type:
                 bound,
             )
             if who != self.own_id and seen >= STANDING_EARLY_PARTS and evidence <= -STANDING_FLAG_T:
-                flag(who, DISSENT_REASON if score < 0 else UNRELATED_REASON)
+                against = STANDING.evidence(who, 0.0) <= -STANDING_FLAG_T
+                flag(who, DISSENT_REASON if against else UNRELATED_REASON)
 
         def check_current_part_finished(self) -> None:
             assert self.current_part_accumulated_from <= self.num_current_senders
