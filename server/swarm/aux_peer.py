@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         denied=access.denied,
         stop_event=stop,
         corpus=corpus,
+        witness_index=config.index,
         on_joined=lambda peer_id, maddrs: emit(Ready(peer_id=peer_id, maddrs=maddrs)),
     )
     emit(Stopped(epoch=summary.epoch))

@@ -121,11 +121,11 @@ def companion_log(folder: Path, run_id: str, kind: str) -> Path:
 
 
 def write_aux_config(
-    folder: Path, run_id: str, config: dict[str, Any], initial_peers: list[str], kind: str = AUX
+    folder: Path, run_id: str, config: dict[str, Any], initial_peers: list[str], kind: str = AUX, index: int = 0
 ) -> None:
     """An auxiliary peer's config (``kind``: :func:`aux_kind`): ``config`` (the experiment's config and its corpus
-    folder) and where the swarm is."""
-    aux = AuxConfig.model_validate({**config, "run_id": run_id, "initial_peers": initial_peers})
+    folder), where the swarm is, and its number among the experiment's witnesses."""
+    aux = AuxConfig.model_validate({**config, "run_id": run_id, "initial_peers": initial_peers, "index": index})
     companion_config(folder, run_id, kind).write_text(aux.model_dump_json())
 
 

@@ -116,6 +116,9 @@ class AuxConfig(BaseModel):
     # The experiment's prepared corpus folder, for a task that trains on one: the auxiliary peer computes nothing,
     # but the model's shape (vocabulary, sequence length) comes from the corpus's manifest.
     corpus: str | None = None
+    # A witness's number among the experiment's witnesses: with averaging groups, the dealt group whose key its
+    # rounds look in (``worker/swarm/matchmaking.py``, ``deal``)
+    index: int = Field(default=0, ge=0)
 
 
 class KeeperConfig(AuxConfig):

@@ -180,7 +180,7 @@ class SwarmHost:
             initial_peers, port = slot
             folder = peer_commands.peers_folder(self.data_dir)
             kind = peer_commands.aux_kind(index)
-            peer_commands.write_aux_config(folder, run_id, config, initial_peers, kind)
+            peer_commands.write_aux_config(folder, run_id, config, initial_peers, kind, index)
             cmd = peer_commands.companion_command("aux_peer", folder, run_id, kind, self._network, port)
             process = self._popen_companion(cmd, peer_commands.companion_log(folder, run_id, kind))
             self._aux[key] = process

@@ -5,18 +5,19 @@ none has needed it for ``FEWER_AFTER_SECONDS`` (peers come and go between rounds
 
 from __future__ import annotations
 
-import math
 import time
 
-MAX_WITNESSES = 8  # witnesses (auxiliary peers) per experiment at most: one per averaging group
+from swarmhub.worker.swarm.matchmaking import MAX_GROUPS, groups_for
+
+MAX_WITNESSES = MAX_GROUPS  # witnesses (auxiliary peers) per experiment at most: one per averaging group
 FEWER_AFTER_SECONDS = 120.0  # a witness no group needs is stopped once none has needed it for this long
 
 
 def wanted(volunteer_peers: int | None, group_size: int) -> int:
     """Witnesses for ``volunteer_peers`` (None: not counted yet) in groups of ``group_size`` (0: one group)."""
-    if group_size <= 0 or volunteer_peers is None:
+    if volunteer_peers is None:
         return 1
-    return max(1, min(MAX_WITNESSES, math.ceil(volunteer_peers / group_size)))
+    return groups_for(volunteer_peers, group_size)  # the groups the volunteers' peers deal themselves into
 
 
 class Shrinking:

@@ -25,7 +25,10 @@ reads 1.3 times a second.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import math
 import time
+from collections.abc import Iterable
 from typing import Any
 
 # The least time between two lookups of the peers looking for a group, per averager: a quarter of the matchmaking
@@ -155,9 +158,10 @@ def _learn_server_peers(dht: Any, declared: dict[str, float]) -> None:
 _EXPECTED: Any = None  # multiprocessing.Value: the expected group of this peer's next gradient round (0: unknown)
 
 
-def expect_group(size: int) -> None:
-    """Make the next gradient round of this peer begin once ``size`` peers (itself included) are in its group; read
-    in the averager's process, which must fork after the first call (made by :func:`expect_witnesses`)."""
+def expect_group(size: int, group: int | None = None) -> None:
+    """Make the next gradient round of this peer begin once ``size`` peers (itself included) are in its group, and,
+    with ``group``, look for it in that group's key (:func:`deal`); read in the averager's process, which must fork
+    after the first call (made by :func:`expect_witnesses`)."""
     global _EXPECTED
     if _EXPECTED is None:
         import multiprocessing
@@ -168,6 +172,8 @@ def expect_group(size: int) -> None:
         if not isinstance(Matchmaking.__dict__.get("target_group_size"), property):
             Matchmaking.target_group_size = property(_target_group_size, _set_target_group_size)  # type: ignore
     _EXPECTED.value = max(int(size), 0)
+    if group is not None:
+        look_in_group(group)
 
 
 def _set_target_group_size(self: Any, value: int | None) -> None:
@@ -176,9 +182,11 @@ def _set_target_group_size(self: Any, value: int | None) -> None:
 
 def _target_group_size(self: Any) -> int | None:
     own: int | None = self.__dict__.get("_swarmhub_target_group_size", self.__dict__.get("target_group_size"))
-    if own is not None or _EXPECTED is None or _EXPECTED.value < 2 or not self._prefix.endswith("_grad_averager"):
+    if _EXPECTED is None or _EXPECTED.value < 2 or not self._prefix.endswith("_grad_averager"):
         return own
-    return int(_EXPECTED.value)
+    if own is None:
+        return int(_EXPECTED.value)
+    return min(own, int(_EXPECTED.value)) if dealt_group() is not None else own
 
 
 def _set_min_group_size(self: Any, value: int) -> None:
@@ -195,7 +203,8 @@ def _needed_group_size(self: Any) -> int:
     witnesses = _WITNESSES | _SERVER_PEERS
     if self.peer_id.to_base58() in witnesses:
         return base
-    expected = _EXPECTED.value if _EXPECTED is not None and _GROUP_SIZE <= 0 else 0
+    whole = _GROUP_SIZE <= 0 or dealt_group() is not None  # the group is known: one group, or one dealt
+    expected = _EXPECTED.value if _EXPECTED is not None and whole else 0
     if expected > base and not self.step_control.triggered:
         return expected  # this peer's epoch has not ended: the whole expected group, or keep looking
     if not witnesses or any(peer.to_base58() in witnesses for peer in self.current_followers):
@@ -223,19 +232,27 @@ _GROUP_SIZE = 0  # volunteers' peers per gradient group; 0: no limit (one group)
 _SELF_WITNESS = False  # this process is one of the server's witnesses
 
 
+def group_size() -> int:
+    """The volunteers' peers per gradient group this process's rounds hold (0: one group)."""
+    return _GROUP_SIZE
+
+
 def target_group_size(group_size: int) -> int | None:
     """hivemind's ``target_group_size`` for the gradient averager of an experiment whose ``group_size`` is given:
     room for a witness beside ``group_size`` volunteers' peers; None (no limit) for 0."""
     return group_size + 1 if group_size > 0 else None
 
 
-def limit_groups(group_size: int, witness: bool = False) -> None:
+def limit_groups(group_size: int, witness: int | None = None) -> None:
     """Make the gradient rounds this process (and the averager processes it forks after this call) leads hold at most
-    ``group_size`` volunteers' peers and one witness; ``witness``: this process is one of the server's witnesses."""
+    ``group_size`` volunteers' peers and one witness; ``witness``: this process is the server's witness of that number,
+    whose rounds look in that dealt group's key (:func:`deal`)."""
     from hivemind.averaging.matchmaking import Matchmaking
 
     global _GROUP_SIZE, _SELF_WITNESS
-    _GROUP_SIZE, _SELF_WITNESS = group_size, witness
+    _GROUP_SIZE, _SELF_WITNESS = group_size, witness is not None
+    if group_size > 0:
+        look_in_group(witness if witness is not None else -1)  # a trainer's group is dealt each round
     if group_size <= 0 or hasattr(Matchmaking._check_reasons_to_reject, "__swarmhub_original__"):
         return
     original = Matchmaking._check_reasons_to_reject
@@ -262,3 +279,67 @@ def _past_group_rules(matchmaking: Any, joining: Any) -> Any:
         volunteers = sum(1 for peer in followers if peer not in witnesses) + (0 if _SELF_WITNESS else 1)
         full = volunteers >= _GROUP_SIZE
     return averaging_pb2.MessageFromLeader(code=averaging_pb2.GROUP_IS_FULL) if full else None
+
+
+# -- groups dealt every epoch, one to each witness ------------------------------------------------------------------
+#
+# Groups that form as leaders' declared times fall left a third of the samples in rounds no witness was in (6
+# volunteers in groups of 3: 0.58 to 0.90 of their claims credited, docs/benchmarks/credit.md). With ``group_size``,
+# each gradient round's group is dealt instead: every volunteer's peer orders the volunteers' peers that the swarm's
+# progress records show by a hash of the round's epoch and their peer IDs, and deals them round-robin into as many
+# groups as the server runs witnesses (``ceil(peers / group_size)``, at most ``MAX_GROUPS``: the count the server's
+# ``witnesses.wanted`` starts). Group k looks in its own key (hivemind's group bits, ``.0b`` and k in three bits), where
+# the server's witness number k always looks; its expected group is its dealt peers and that witness, and waits for
+# them as a one-group round does (:func:`_needed_group_size`). A peer whose view of the records differs from the
+# others' looks in another key or expects another count: that round splits as before, the next epoch deals again.
+
+MAX_GROUPS = 8  # gradient groups (and the server's witnesses) of one experiment at most
+GROUP_BITS = 3  # hivemind's group bits that name a dealt group (2 ** GROUP_BITS >= MAX_GROUPS)
+_DEALT: Any = None  # multiprocessing.Value: the dealt group whose key gradient rounds look in (-1: the shared key)
+
+
+def groups_for(peers: int, group_size: int) -> int:
+    """How many gradient groups ``peers`` volunteers' peers form in groups of ``group_size`` (0: one group)."""
+    if group_size <= 0 or peers <= 0:
+        return 1
+    return max(1, min(MAX_GROUPS, math.ceil(peers / group_size)))
+
+
+def deal(epoch: int, others: Iterable[str], own: str, group_size: int) -> tuple[int, int]:
+    """(the group ``own``'s gradient round of ``epoch`` is dealt to, how many volunteers' peers that group holds)
+    among ``own`` and ``others`` (the volunteers' peers with a progress record) in groups of ``group_size``."""
+    peers = sorted({*others, own}, key=lambda peer: hashlib.sha256(f"{epoch}:{peer}".encode()).digest())
+    groups = groups_for(len(peers), group_size)
+    group = peers.index(own) % groups
+    return group, len(range(group, len(peers), groups))
+
+
+def look_in_group(group: int) -> None:
+    """Make this process's gradient rounds (and those of the averager processes it forks after the first call) look
+    for their group in dealt group ``group``'s key; -1: in the shared key, as hivemind does."""
+    global _DEALT
+    if _DEALT is None:
+        import multiprocessing
+
+        from hivemind.averaging.key_manager import GroupKeyManager
+
+        _DEALT = multiprocessing.get_context("fork").Value("i", -1, lock=False)
+        if not hasattr(GroupKeyManager.current_key.fget, "__swarmhub_original__"):
+            original = GroupKeyManager.current_key
+
+            def current_key(self: Any) -> str:
+                dealt = dealt_group()
+                if dealt is None or not self.prefix.endswith("_grad_averager"):
+                    return str(original.fget(self))
+                return f"{self.prefix}.0b{dealt:0{GROUP_BITS}b}"
+
+            current_key.__swarmhub_original__ = original  # type: ignore[attr-defined]
+            GroupKeyManager.current_key = property(current_key)  # type: ignore[method-assign, assignment]
+    _DEALT.value = int(group) if 0 <= group < MAX_GROUPS else -1
+
+
+def dealt_group() -> int | None:
+    """The dealt group this process's gradient rounds look in, None where they look in the shared key."""
+    if _DEALT is None or _DEALT.value < 0:
+        return None
+    return int(_DEALT.value)

@@ -25,11 +25,12 @@ UNBACKED_SECONDS = 60.0
 UNBACKED_AFTER_SECONDS = 20.0
 
 
-def group_peers(kept: Any, names: dict[str, str], own_peer: str) -> tuple[int, int]:
-    """(volunteers' peers other than ``own_peer``, the server's peers) among the signers of the progress records
-    ``kept`` that are on the roster (``names``: peer ID -> username). The server's peers that keep a record are its
-    witnesses and its checkpoint peer (``epoch.store_presence``)."""
-    volunteers = server = 0
+def group_peers(kept: Any, names: dict[str, str], own_peer: str) -> tuple[frozenset[str], int]:
+    """(the volunteers' peers other than ``own_peer``, how many of the server's peers) among the signers of the
+    progress records ``kept`` that are on the roster (``names``: peer ID -> username). The server's peers that keep a
+    record are its witnesses and its checkpoint peer (``epoch.store_presence``)."""
+    volunteers: set[str] = set()
+    server = 0
     for subkey in kept if isinstance(kept, dict) else ():
         peer = owner_peer_id(subkey)
         if peer is None or peer == own_peer or peer not in names:
@@ -37,8 +38,8 @@ def group_peers(kept: Any, names: dict[str, str], own_peer: str) -> tuple[int, i
         if names[peer] == swarm_access.SERVER_PEER_USERNAME:
             server += 1
         else:
-            volunteers += 1
-    return volunteers, server
+            volunteers.add(peer)
+    return frozenset(volunteers), server
 
 
 def make_tracker_class() -> type:
@@ -60,9 +61,9 @@ def make_tracker_class() -> type:
             self._unsent = threading.Event()  # a count was kept back: the flusher sends it within the interval
             self.kept_epochs: dict[str, int] = {}  # volunteers' peer ID -> epoch, of the records followed last
             self._unbacked: dict[str, float] = {}  # peer ID -> monotonic time until which its records are left out
-            # (volunteers' peers other than this one, the server's peers) with a record among those followed last: the
-            # group a gradient round of this peer expects (``matchmaking.expect_group``)
-            self.group_peers: tuple[int, int] | None = None
+            # (volunteers' peers other than this one, how many of the server's peers) with a record among those
+            # followed last: the group a gradient round of this peer expects (``matchmaking.expect_group``)
+            self.group_peers: tuple[frozenset[str], int] | None = None
             super().__init__(*args, **kwargs)
             threading.Thread(target=self._flush_kept_counts, daemon=True, name="swarmhub-progress").start()
 

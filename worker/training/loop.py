@@ -23,7 +23,7 @@ import torch
 
 from swarmhub.common.protocol import Control, MetricReport
 from swarmhub.worker.client import WorkerError
-from swarmhub.worker.swarm import witness
+from swarmhub.worker.swarm import matchmaking, witness
 
 # Logged under the training module's name: one logger for everything `train` runs.
 logger = logging.getLogger("swarmhub.worker.training.peer")
@@ -193,6 +193,8 @@ def _join_one_round(
     # would join, so it joins the trainers' groups (where their leaders wait for the whole expected group,
     # ``matchmaking.expect_group``) instead of leading one of whoever is looking early, which would begin at its time.
     latest = now + opt.averaging_timeout * WITNESS_DECLARES_AT
+    if when_due and matchmaking.group_size() > 0:
+        opt._expect_group()  # a volunteer's auxiliary peer is dealt a group as a trainer is (a witness has its own)
     try:
         control = opt.grad_averager.step(
             wait=False,

@@ -273,10 +273,20 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
 
     def _expect_group(self) -> None:
         """The group of this peer's next gradient round: itself, every other volunteer's peer in the swarm's
-        progress records, and a witness where one keeps a record (see the module's docstring)."""
-        others = getattr(self.tracker, "group_peers", None)
-        if others is not None:
-            matchmaking.expect_group(1 + others[0] + min(others[1], 1))
+        progress records, and a witness where one keeps a record (see the module's docstring); with averaging
+        groups, the peers dealt to this peer's group for the round's epoch and that group's witness
+        (``matchmaking.deal``)."""
+        found = getattr(self.tracker, "group_peers", None)
+        if found is None:
+            return
+        others, server = found
+        witness = min(server, 1)
+        if matchmaking.group_size() > 0:
+            own = self.dht.peer_id.to_base58()
+            group, members = matchmaking.deal(self.local_epoch, others, own, matchmaking.group_size())
+            matchmaking.expect_group(members + witness, group=group)
+        else:
+            matchmaking.expect_group(1 + len(others) + witness)
 
     def load_state_from_peers(self, **kwargs: Any) -> None:
         """hivemind's, then, when no state could be taken and the swarm still looks ahead, an immediate read of

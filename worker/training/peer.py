@@ -187,12 +187,14 @@ def train(
     denied: Callable[[], set[str]] | None = None,
     corpus: TaskData | None = None,
     keeper: Callable[[Any, Task, torch.nn.Module, Callable[[], StopReason | None]], None] | None = None,
+    witness_index: int = 0,
 ) -> TrainingSummary:
     """Train ``join.experiment`` with the swarm until a limit, ``stop_event``, or the server says stop.
 
     ``corpus`` is the experiment's training text for a task that needs one (``RemoteCorpus`` for a volunteer).
     ``keeper`` replaces training (the server's checkpoint peer): it is called with the hivemind optimizer, the
     task, the model and the stop check once the peer is in the swarm, and before it loads the swarm's state.
+    ``witness_index``: the server's witness's number (with averaging groups, the dealt group it joins).
 
     ``identity_path`` is the peer's key (``swarm_access.load_or_create_identity``): the one that
     ``join.swarm_token`` admits. ``fetch_token`` renews that token before it expires; without it the peer
@@ -293,10 +295,9 @@ def train(
             # a round this peer leads waits a little for the hub's witness: only witnessed rounds earn credit
             witnesses = frozenset(join.witness_peers) - {str(dht.peer_id)}
             matchmaking.expect_witnesses(witnesses, matchmaking.witness_grace(cfg.matchmaking_time))
-            # the experiment's averaging groups: at most group_size volunteers' peers and one witness each
-            matchmaking.limit_groups(
-                cfg.group_size, witness=auxiliary and join.username == swarm_access.SERVER_PEER_USERNAME
-            )
+            # the experiment's averaging groups: at most group_size volunteers' peers and one witness each, dealt
+            server_witness_peer = auxiliary and join.username == swarm_access.SERVER_PEER_USERNAME
+            matchmaking.limit_groups(cfg.group_size, witness=witness_index if server_witness_peer else None)
             # what this peer accepts from the others: averaged parts, the swarm's epoch, downloaded state
             robust.install(
                 cfg.aggregation.value,
