@@ -57,6 +57,27 @@ print(json.dumps({"join": join.status_code, "peers": join.json().get("initial_pe
 """
 
 
+# The witness count the server reads from its monitor's progress events (``host.witnesses_wanted``), in a fresh
+# interpreter: the serving process calls it whenever its monitor reports, which the test above may or may not see.
+WITNESS_COUNT = """
+import json, sys
+from swarmhub.server.swarm import events, host, witnesses
+
+contributors = [{"peer_id": f"Qm{name}", "username": name} for name in ("ada", "bob", "swarmhub")]
+progress = events.Progress(epoch=3, peers=4, samples_per_second=1.0, samples=64, contributors=contributors)
+wanted = witnesses.wanted(progress.volunteer_peers, 1)
+print(json.dumps({"wanted": wanted, "loaded": sorted({n.split(".")[0] for n in sys.modules} & {"torch", "hivemind"})}))
+"""
+
+
+def test_counting_the_witnesses_a_swarm_needs_loads_neither_torch_nor_hivemind():
+    """The monitor's progress events name each contributor; counting the volunteers' peers among them once read
+    hivemind (through the worker's access module) in the serving process, as soon as a monitor reported."""
+    done = subprocess.run([sys.executable, "-c", WITNESS_COUNT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == {"wanted": 2, "loaded": []}
+
+
 def serve(folder: Path, swarm: str, create: str) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", SERVE, str(folder), swarm, create, PASSWORD],

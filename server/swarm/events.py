@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from swarmhub.common.protocol import ExperimentConfig
+from swarmhub.common.tokens import SERVER_PEER_USERNAME
 
 
 class _Event(BaseModel):
@@ -44,8 +45,6 @@ class Progress(_Event):
     @property
     def volunteer_peers(self) -> int:
         """The volunteers' peers among the contributors (the server's own peers left out)."""
-        from swarmhub.worker.swarm.access import SERVER_PEER_USERNAME
-
         return len(
             {
                 item.get("peer_id")
