@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import psutil
 
-from swarmhub.server.swarm.host import KEEPER_STOP_SECONDS
+from swarmhub.server.swarm.supervision import KEEPER_STOP_SECONDS
 
 from .conftest import PASSWORD, csrf_from, free_port
 from .swarm_processes import wait_healthy

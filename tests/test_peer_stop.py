@@ -41,7 +41,7 @@ def test_peers_stop_in_parallel_and_one_that_ignores_sigterm_is_killed_at_its_bo
     slow = [leaving("2") for _ in range(3)]
     stuck = leaving("never")
     started = time.monotonic()
-    terminate_all([*((process, 30.0) for process in slow), (stuck, 3.0)])
+    terminate_all([*((process, 30.0, "a slow peer") for process in slow), (stuck, 3.0, "a stuck peer")])
     took = time.monotonic() - started
     assert [process.returncode for process in slow] == [0, 0, 0]
     assert stuck.returncode == -9

@@ -13,7 +13,6 @@ instead of the addresses it listens on.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import subprocess
 import threading
@@ -23,20 +22,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarmhub.server.core.settings import tcp_maddr
 from swarmhub.server.swarm import commands as peer_commands
 from swarmhub.server.swarm import peer_logs, witnesses
 from swarmhub.server.swarm.events import Checkpoint, Failed, Keeping, Progress, Ready, parse
-from swarmhub.server.swarm.ports import PortRange
-from swarmhub.server.swarm.supervision import PeerKind, Supervisor, terminate, terminate_all
+from swarmhub.server.swarm.ports import PortRange, local_maddrs
+from swarmhub.server.swarm.supervision import (
+    AUX_STOP_SECONDS,
+    KEEPER_STOP_SECONDS,
+    MONITOR_STOP_SECONDS,
+    PeerKind,
+    Supervisor,
+    terminate_all,
+)
 
 logger = logging.getLogger("swarmhub.swarm")
 KEEPER_WAIT_SECONDS = 180.0  # joins wait this long at most for a starting checkpoint peer
-# How long a peer has to leave the swarm on SIGTERM before its process group is killed: the checkpoint peer may be
-# writing a checkpoint; a witness may be in a round
-KEEPER_STOP_SECONDS = 60.0
-AUX_STOP_SECONDS = 30.0
-MONITOR_STOP_SECONDS = 15.0
 
 
 @dataclass
@@ -148,7 +148,9 @@ class SwarmHost:
             self._peers[run_id] = peer
             reader = threading.Thread(target=self._read, args=(peer,), daemon=True, name=f"peer-{run_id}")
             reader.start()
-            self.supervisor.watch(run_id, "monitor", process, lambda: _process_of(self._peers.get(run_id)), reader)
+            self.supervisor.watch(
+                run_id, "monitor", process, lambda: getattr(self._peers.get(run_id), "process", None), reader
+            )
             logger.info("started swarm peer for %s (pid %s)", run_id, process.pid)
             return peer
 
@@ -166,7 +168,7 @@ class SwarmHost:
         port = self._take_port(run_id, what)
         if port is None:
             return None
-        return (self._local_maddrs(peer) if self.announce_host else peer.maddrs), port
+        return (local_maddrs(self.host, peer.port, peer.maddrs) if self.announce_host else peer.maddrs), port
 
     def start_aux(self, run_id: str, config: dict[str, Any], index: int = 0) -> None:
         """Run the experiment's auxiliary peer number ``index`` (``aux_peer.py``, a witness of the swarm's rounds)
@@ -268,8 +270,7 @@ class SwarmHost:
     def stop_keeper(self, run_id: str, timeout: float = KEEPER_STOP_SECONDS) -> None:
         process = self._detach_keeper(run_id)
         if process is not None:
-            terminate(process, timeout)
-            logger.info("stopped the checkpoint peer for %s", run_id)
+            terminate_all([(process, timeout, f"the checkpoint peer for {run_id}")])
 
     def _detach_keeper(self, run_id: str) -> subprocess.Popen[str] | None:
         """The run's checkpoint peer, no longer kept or watched (the caller stops it)."""
@@ -288,22 +289,11 @@ class SwarmHost:
             return False
         return time.monotonic() - self._keeper_started.get(run_id, 0.0) < KEEPER_WAIT_SECONDS
 
-    def _local_maddrs(self, peer: Peer) -> list[str]:
-        """Where a process on this machine reaches ``peer``: its announced (public) address may not loop back
-        through the NAT, its listening address does."""
-        host = self.host
-        if ipaddress.ip_address(host).is_unspecified:
-            host = "::1" if ipaddress.ip_address(host).version == 6 else "127.0.0.1"
-        peer_ids = {m.rsplit("/p2p/", 1)[1] for m in peer.maddrs if "/p2p/" in m}
-        return [f"{tcp_maddr(host, peer.port)}/p2p/{peer_id}" for peer_id in sorted(peer_ids)] or peer.maddrs
-
     def stop_aux(self, run_id: str, timeout: float = AUX_STOP_SECONDS, first: int = 0) -> int | None:
         """Stop the auxiliary peers numbered ``first`` and above; the first one's exit code (0: it left the swarm
         cleanly), None when none ran."""
         stopping = self._detach_aux(run_id, first)
-        terminate_all([(process, timeout) for _, process in stopping])
-        for index, _ in stopping:
-            logger.info("stopped auxiliary peer %d for %s", index, run_id)
+        terminate_all([(process, timeout, f"auxiliary peer {index} for {run_id}") for index, process in stopping])
         return stopping[0][1].returncode if stopping else None
 
     def _detach_aux(self, run_id: str, first: int = 0) -> list[tuple[int, subprocess.Popen[str]]]:
@@ -338,30 +328,21 @@ class SwarmHost:
             self.stop_aux(run_id, first=wanted)
 
     def stop(self, run_id: str, timeout: float = MONITOR_STOP_SECONDS) -> None:
-        """Stop every peer of the run at once (each leaves the swarm on SIGTERM, in parallel: one after another,
-        a busy server once took over a minute to stop an ALBERT run's three)."""
+        """Stop every peer of the run at once (``supervision.terminate_all``)."""
         self._stop_runs([run_id], timeout)
 
     def _stop_runs(self, run_ids: list[str], timeout: float = MONITOR_STOP_SECONDS) -> None:
-        stopping: list[tuple[subprocess.Popen[Any], float]] = []
-        described: list[str] = []
+        stopping: list[tuple[subprocess.Popen[Any], float, str]] = []
         for run_id in run_ids:
-            for index, process in self._detach_aux(run_id):
-                stopping.append((process, AUX_STOP_SECONDS))
-                described.append(f"auxiliary peer {index} for {run_id}")
-            keeper = self._detach_keeper(run_id)
-            if keeper is not None:
-                stopping.append((keeper, KEEPER_STOP_SECONDS))
-                described.append(f"the checkpoint peer for {run_id}")
+            stopping += [(p, AUX_STOP_SECONDS, f"auxiliary peer {i} for {run_id}") for i, p in self._detach_aux(run_id)]
+            if (keeper := self._detach_keeper(run_id)) is not None:
+                stopping.append((keeper, KEEPER_STOP_SECONDS, f"the checkpoint peer for {run_id}"))
             with self._lock:
                 peer = self._peers.pop(run_id, None)
                 self.supervisor.forget(run_id, "monitor")
             if peer is not None:
-                stopping.append((peer.process, timeout))
-                described.append(f"swarm peer for {run_id}")
+                stopping.append((peer.process, timeout, f"swarm peer for {run_id}"))
         terminate_all(stopping)
-        for what in described:
-            logger.info("stopped %s", what)
 
     def reconcile(self, running: dict[str, HostedSwarm]) -> None:
         """Run exactly one peer per running experiment (run_id -> signing key, removed usernames, the
@@ -416,7 +397,3 @@ class SwarmHost:
     def close(self) -> None:
         """Stop every peer of every run, all at once."""
         self._stop_runs(sorted({*self._keepers, *(key[0] for key in self._aux), *self._peers}))
-
-
-def _process_of(peer: Peer | None) -> subprocess.Popen[str] | None:
-    return peer.process if peer is not None else None

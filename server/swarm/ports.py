@@ -7,6 +7,8 @@ import ipaddress
 import logging
 import socket
 
+from swarmhub.server.core.settings import tcp_maddr
+
 logger = logging.getLogger("swarmhub.swarm")
 
 
@@ -48,3 +50,12 @@ def can_listen(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def local_maddrs(host: str, port: int, maddrs: list[str]) -> list[str]:
+    """Where a process on this machine reaches a peer listening on ``host``:``port`` that announces ``maddrs``: its
+    announced (public) address may not loop back through the NAT, its listening address does."""
+    if ipaddress.ip_address(host).is_unspecified:
+        host = "::1" if ipaddress.ip_address(host).version == 6 else "127.0.0.1"
+    peer_ids = {m.rsplit("/p2p/", 1)[1] for m in maddrs if "/p2p/" in m}
+    return [f"{tcp_maddr(host, port)}/p2p/{peer_id}" for peer_id in sorted(peer_ids)] or maddrs

@@ -200,19 +200,22 @@ class Supervisor:
         return {run_id: self.states(run_id) for run_id in sorted({key[0] for key in list(self._records)})}
 
 
-def terminate(process: subprocess.Popen[Any], timeout: float) -> None:
-    """Stop a peer process: SIGTERM (it leaves the swarm cleanly), then SIGKILL to its group after ``timeout``."""
-    terminate_all([(process, timeout)])
+# How long a peer has to leave the swarm on SIGTERM before its process group is killed: the checkpoint peer may be
+# writing a checkpoint; a witness may be in a round
+KEEPER_STOP_SECONDS = 60.0
+AUX_STOP_SECONDS = 30.0
+MONITOR_STOP_SECONDS = 15.0
 
 
-def terminate_all(processes: list[tuple[subprocess.Popen[Any], float]]) -> None:
-    """:func:`terminate` each ``(process, timeout)`` at once: every one gets SIGTERM first, then each has its own
-    timeout, counted from that moment, to exit before SIGKILL goes to its group."""
+def terminate_all(processes: list[tuple[subprocess.Popen[Any], float, str]]) -> None:
+    """Stop each ``(process, timeout, what)`` peer at once: every one gets SIGTERM first (it leaves the swarm
+    cleanly), then each has its own timeout, counted from that moment, to exit before SIGKILL goes to its group. One
+    after another, a busy server once took over a minute to stop an ALBERT run's three peers."""
     started = time.monotonic()
-    for process, _ in processes:
+    for process, _, _ in processes:
         if process.poll() is None:
             process.terminate()  # the peer shuts its DHT down cleanly on SIGTERM
-    for process, timeout in processes:
+    for process, timeout, what in processes:
         try:
             process.wait(max(started + timeout - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
@@ -222,6 +225,7 @@ def terminate_all(processes: list[tuple[subprocess.Popen[Any], float]]) -> None:
             process.wait()
         if process.stdin is not None:
             process.stdin.close()
+        logger.info("stopped %s", what)
     # stdout is left to the reader thread, which sees EOF now that the peer is gone (closing it here
     # would block on the lock that thread holds while reading).
 

@@ -25,6 +25,7 @@ reads 1.3 times a second.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import math
 import time
@@ -307,7 +308,13 @@ def groups_for(peers: int, group_size: int) -> int:
 
 def deal(epoch: int, others: Iterable[str], own: str, group_size: int) -> tuple[int, int]:
     """(the group ``own``'s gradient round of ``epoch`` is dealt to, how many volunteers' peers that group holds)
-    among ``own`` and ``others`` (the volunteers' peers with a progress record) in groups of ``group_size``."""
+    among ``own`` and ``others`` (the volunteers' peers with a progress record) in groups of ``group_size``. Asked at
+    every training step: the deal is computed once per epoch and set of peers."""
+    return _deal(epoch, frozenset(others), own, group_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _deal(epoch: int, others: frozenset[str], own: str, group_size: int) -> tuple[int, int]:
     peers = sorted({*others, own}, key=lambda peer: hashlib.sha256(f"{epoch}:{peer}".encode()).digest())
     groups = groups_for(len(peers), group_size)
     group = peers.index(own) % groups
