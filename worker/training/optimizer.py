@@ -280,13 +280,13 @@ class SwarmOptimizer(hivemind.Optimizer):  # type: ignore[misc]
         if found is None:
             return
         others, server = found
-        witness = min(server, 1)
+        a_witness = min(server, 1)  # the module ``witness`` is another thing
         if matchmaking.group_size() > 0:
             own = self.dht.peer_id.to_base58()
             group, members = matchmaking.deal(self.local_epoch, others, own, matchmaking.group_size())
-            matchmaking.expect_group(members + witness, group=group)
+            matchmaking.expect_group(members + a_witness, group=group)
         else:
-            matchmaking.expect_group(1 + len(others) + witness)
+            matchmaking.expect_group(1 + len(others) + a_witness)
 
     def load_state_from_peers(self, **kwargs: Any) -> None:
         """hivemind's, then, when no state could be taken and the swarm still looks ahead, an immediate read of
