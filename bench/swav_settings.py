@@ -8,7 +8,9 @@ each quarter of the steps. docs/swav.md lists what it measured.
 Command: ``.venv/bin/python bench/swav_settings.py NAME 'JSON'``, with the knobs ``opt`` (adam or lars), ``lr``,
 ``steps``, ``params`` (the task's parameters), ``jit`` (brightness, contrast and saturation factors, [low, high]),
 ``hue`` (the most a crop's hue turns, radians), ``grey`` and ``pjit`` (how often a crop is made grey, and
-jittered), ``gscale`` and ``lscale`` (the crops' area shares). For example (about 3 minutes):
+jittered), ``gscale`` and ``lscale`` (the crops' area shares), ``gjit`` (brightness and contrast factors of grey
+crops) and ``accumulate`` (local batches per step: a swarm's target batch size over the local one). It trains on
+the built-in ``shapes`` image set, prepared as the server prepares it. For example (about 3 minutes):
 ``.venv/bin/python bench/swav_settings.py grey '{"jit": [0.6, 1.4], "hue": 0, "grey": 1.0, "params":
 {"prototypes": 16, "queue_length": 512, "queue_starts_after": 20, "freeze_prototypes_steps": 20}, "steps": 1000}'``
 """
@@ -16,11 +18,15 @@ jittered), ``gscale`` and ``lscale`` (the crops' area shares). For example (abou
 import json
 import math
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-import swarmhub.worker.tasks.swav as S
+import swarmhub.worker.tasks.multicrop as S
+from swarmhub.server.corpus.images import prepare_builtin
+from swarmhub.worker.tasks.data import LocalCorpus
 from swarmhub.worker.tasks.swav import SwAVTask
 from swarmhub.worker.training.lars import Lars
 
@@ -30,10 +36,14 @@ name, knobs = sys.argv[1], json.loads(sys.argv[2])
 S.JITTER = tuple(knobs.get("jit", S.JITTER))
 S.HUE = knobs.get("hue", S.HUE)
 S.GREY = knobs.get("grey", S.GREY)
+S.GREY_JITTER = tuple(knobs.get("gjit", S.GREY_JITTER))
 S.COLOUR_JITTER = knobs.get("pjit", S.COLOUR_JITTER)
 S.GLOBAL_SCALE = tuple(knobs.get("gscale", S.GLOBAL_SCALE))
 S.LOCAL_SCALE = tuple(knobs.get("lscale", S.LOCAL_SCALE))
 task = SwAVTask(knobs.get("params", {}))
+corpus_dir = Path(tempfile.mkdtemp(prefix="swav-settings-")) / "shapes"
+prepare_builtin("shapes", corpus_dir)
+task.attach(LocalCorpus(corpus_dir))
 torch.manual_seed(0)
 model = task.build_model()
 dev = torch.device("cpu")
@@ -46,10 +56,12 @@ it = task.batches(1)
 t = time.time()
 trail = []
 steps = knobs.get("steps", 1000)
+accumulate = knobs.get("accumulate", 1)  # local batches per optimizer step, as a swarm's target batch size
 for s in range(1, steps + 1):
-    loss = task.loss(model, next(it), dev)
     opt.zero_grad()
-    loss.backward()
+    for _ in range(accumulate):
+        loss = task.loss(model, next(it), dev)
+        (loss / accumulate).backward()
     opt.step()
     if s % (steps // 4) == 0:
         trail.append((s, round(loss.item(), 3), round(task.knn_top1(model, dev), 3)))

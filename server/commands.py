@@ -52,7 +52,7 @@ def admin(username: str, password_stdin: bool) -> None:
 @click.command()
 @click.option(
     "--experiment",
-    type=click.Choice(["demo-albert", "demo-digits"]),
+    type=click.Choice(["demo-albert", "demo-digits", "demo-swav"]),
     default="demo-albert",
     show_default=True,
     help="Which demo experiment the two local workers train",

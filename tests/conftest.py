@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
 import sys
 import threading
@@ -38,24 +39,38 @@ _CPU_AT_START = pytest.StashKey[float]()
 DOCSTRING_BYTES = 150_000  # of the standard library's docstrings: real text, bounded for speed
 
 
+def private_database_name(base_name: str) -> str:
+    """A database name of this test process's own: ``base_name``, the process id and a random suffix. The process
+    id alone is not enough: runs in two containers against one PostgreSQL server (or a run and a stale database
+    of a run that died) can share it, and each run's lanes (tests/lanes.py) are processes of their own."""
+    return f"{base_name}_{os.getpid()}_{secrets.token_hex(4)}"
+
+
 def _prepare_postgres(url: str) -> str:
-    """A fresh database of this test process's own (the URL's name and the process id: parallel test processes
-    and runs from other checkouts do not share one); skipped only outside CI when no server answers."""
+    """A new database of this test process's own, named after the URL's (:func:`private_database_name`), and its
+    URL; dropped by :func:`_drop_postgres`. Never another run's: a name that exists already is not dropped but
+    passed over for a new one. Skipped only outside CI when no server answers."""
     server, base_name = url.rsplit("/", 1)
-    db_name = f"{base_name}_{os.getpid()}"
-    url = f"{server}/{db_name}"
     admin = make_engine(server + "/postgres")
     try:
         with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
-            conn.execute(sa.text(f'CREATE DATABASE "{db_name}"'))
+            for _ in range(5):
+                db_name = private_database_name(base_name)
+                try:
+                    conn.execute(sa.text(f'CREATE DATABASE "{db_name}"'))
+                    break
+                except sa.exc.ProgrammingError as exc:  # DuplicateDatabase: another run's, left alone
+                    if getattr(exc.orig, "sqlstate", None) != "42P04":
+                        raise
+            else:
+                raise RuntimeError(f"no free database name after {base_name!r} in 5 tries")
     except sa.exc.OperationalError as exc:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"PostgreSQL is not reachable at {url} ({exc.orig}); set SWARMHUB_TEST_POSTGRES_URL")
     finally:
         admin.dispose()
-    return url
+    return f"{server}/{db_name}"
 
 
 def _drop_postgres(url: str) -> None:
@@ -142,12 +157,14 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
         url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'test.db'}"
     else:
         url = _prepare_postgres(POSTGRES_URL)
-    engine = make_engine(url)
-    migrate(engine)
-    engine.dispose()
-    yield url
-    if request.param == "postgresql":
-        _drop_postgres(url)
+    try:
+        engine = make_engine(url)
+        migrate(engine)
+        engine.dispose()
+        yield url
+    finally:  # also when the migration failed: the database is this run's alone, and no one else drops it
+        if request.param == "postgresql":
+            _drop_postgres(url)
 
 
 def _empty_tables(url: str) -> None:

@@ -4,15 +4,23 @@ the k-nearest-neighbour accuracy."""
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from swarmhub.worker.tasks import available_tasks, shapes
+from swarmhub.server.corpus.images import prepare_builtin
+from swarmhub.worker.tasks import Baseline, CorpusNotAttached, available_tasks, shapes
+from swarmhub.worker.tasks.data import LocalCorpus
+from swarmhub.worker.tasks.multicrop import random_crops
 from swarmhub.worker.tasks.resnet import build_backbone
-from swarmhub.worker.tasks.swav import SwAVTask, knn_top1, random_crops, sinkhorn
+from swarmhub.worker.tasks.swav import SwAVTask, knn_top1, sinkhorn
 from swarmhub.worker.training.lars import Lars
 
 
@@ -83,8 +91,44 @@ def test_multi_crop_gives_two_global_and_the_local_crops_at_their_sizes():
     assert not torch.equal(crops[0], crops[1])
 
 
-def test_the_swav_loss_reaches_every_parameter_but_frozen_prototypes():
-    task = SwAVTask({"batch_size": 8, "prototypes": 10, "queue_length": 16, "queue_starts_after": 2, "images": 256})
+@pytest.fixture(scope="module")
+def shapes_corpus(tmp_path_factory: pytest.TempPathFactory) -> LocalCorpus:
+    """The built-in image set, prepared as the server prepares it for an experiment."""
+    folder = tmp_path_factory.mktemp("images") / "shapes"
+    prepare_builtin("shapes", folder)
+    return LocalCorpus(folder)
+
+
+def attached(params: dict, corpus: LocalCorpus) -> SwAVTask:
+    task = SwAVTask(params)
+    task.attach(corpus)
+    return task
+
+
+def test_the_task_needs_the_experiment_s_images():
+    task = SwAVTask()
+    assert SwAVTask.needs_corpus and SwAVTask.corpus_kind == "images"
+    with pytest.raises(CorpusNotAttached, match="trains on the experiment's images"):
+        next(task.batches(seed=0))
+
+
+def test_batches_come_from_the_shards_a_worker_takes(shapes_corpus: LocalCorpus):
+    task = attached({"batch_size": 100}, shapes_corpus)
+    batches = task.batches(seed=1)
+    seen = [next(batches) for _ in range(12)]  # 1,200 images: past the first 512-image shard and its leftover
+    assert all(b.shape == (100, 3, 32, 32) and b.dtype == torch.uint8 for b in seen)
+    training = {bytes(image) for image in np.load(shapes_corpus.folder / "shard-00000.npy")}
+    for name in ("shard-00001.npy", "shard-00002.npy", "shard-00003.npy"):
+        training |= {bytes(image) for image in np.load(shapes_corpus.folder / name)}
+    drawn = [bytes(image.numpy()) for b in seen for image in b]
+    assert len(set(drawn)) == len(drawn)  # no image twice before every image of its shards was seen
+    held_out = {bytes(image) for image in np.load(shapes_corpus.folder / "eval.npy")}
+    assert not held_out & set(drawn)
+
+
+def test_the_swav_loss_reaches_every_parameter_but_frozen_prototypes(shapes_corpus: LocalCorpus):
+    params = {"batch_size": 8, "prototypes": 10, "queue_length": 16, "queue_starts_after": 2}
+    task = attached(params, shapes_corpus)
     torch.manual_seed(0)
     model = task.build_model()
     batches = task.batches(seed=3)
@@ -97,22 +141,75 @@ def test_the_swav_loss_reaches_every_parameter_but_frozen_prototypes():
         assert torch.count_nonzero(model.prototypes.weight.grad) == 0
         assert model.backbone.conv1.weight.grad.abs().sum() > 0
     assert task._queue.shape == (2, 16, task.params.feature_dim)
-    unfrozen = SwAVTask({"batch_size": 8, "prototypes": 10, "freeze_prototypes_steps": 0})
+    unfrozen = attached({"batch_size": 8, "prototypes": 10, "freeze_prototypes_steps": 0}, shapes_corpus)
     model.zero_grad()
     unfrozen.loss(model, next(batches), torch.device("cpu")).backward()
     assert model.prototypes.weight.grad.abs().sum() > 0
 
 
-def test_the_held_out_measures_are_the_same_twice_and_the_baseline_is_ln_prototypes():
-    task = SwAVTask({"prototypes": 12, "images": 256})
+@pytest.mark.parametrize("colour", ["jitter", "grey"])
+def test_the_held_out_measures_are_the_same_twice_and_the_baseline_is_a_random_backbone(
+    shapes_corpus: LocalCorpus, colour: str
+):
+    task = attached({"prototypes": 12, "colour": colour}, shapes_corpus)
     torch.manual_seed(0)
     model = task.build_model()
     first = task.measure(model, torch.device("cpu"))
     assert first == task.measure(model, torch.device("cpu"))
     assert 0.0 <= first.top1 <= 1.0 and first.loss > 0
     baseline = task.baseline()
-    assert baseline.cross_entropy == pytest.approx(math.log(12))
-    assert baseline.top1 == pytest.approx(1 / 8) and baseline.labels == 512
+    assert baseline.labels == 512 and baseline.top1 == pytest.approx(first.top1)  # seed 0: the same random backbone
+    assert baseline.cross_entropy == pytest.approx(first.loss)
+
+
+def test_a_process_without_torch_measures_the_baseline_in_a_child(shapes_corpus: LocalCorpus):
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from swarmhub.worker.tasks.data import LocalCorpus\n"
+        "from swarmhub.worker.tasks.swav import SwAVTask\n"
+        "task = SwAVTask({'prototypes': 12}); task.attach(LocalCorpus(Path(sys.argv[1])))\n"
+        "found = task.baseline()\n"
+        "assert 'torch' not in sys.modules, 'the baseline loaded torch here'\n"
+        "print(found.model_dump_json())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(shapes_corpus.folder)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    in_child = Baseline.model_validate_json(done.stdout.strip())
+    here = attached({"prototypes": 12}, shapes_corpus).baseline()
+    assert in_child == here
+
+
+def test_grey_crops_and_grey_evaluation_drop_the_colours():
+    images = torch.rand(4, 3, 32, 32)
+    for crop in random_crops(images, 2, 32, (0.35, 1.0), torch.Generator().manual_seed(0), grey=True):
+        assert torch.equal(crop[:, 0], crop[:, 1]) and torch.equal(crop[:, 1], crop[:, 2])
+    task = SwAVTask({"colour": "grey"})
+    prepared = task._prepared((torch.rand(2, 3, 8, 8) * 255).to(torch.uint8))
+    assert torch.equal(prepared[:, 0], prepared[:, 2])
+
+
+def test_an_unlabelled_corpus_has_a_held_out_loss_and_no_accuracy(shapes_corpus: LocalCorpus, tmp_path: Path):
+    folder = tmp_path / "unlabelled"
+    shutil.copytree(shapes_corpus.folder, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"] = {}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    task = attached({"prototypes": 12}, LocalCorpus(folder))
+    torch.manual_seed(0)
+    measured = task.measure(task.build_model(), torch.device("cpu"))
+    assert measured.top1 is None and measured.loss > 0
+    assert task.baseline() is None
+
+
+def test_the_swarm_state_carries_batch_norm_statistics():
+    task = SwAVTask()
+    model = task.build_model()
+    extras = task.extra_tensors(model)
+    means = [m.running_mean for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert means and all(any(e is m for e in extras) for m in means)
+    assert all(e.is_floating_point() for e in extras)  # the step counters stay each peer's own
 
 
 def test_knn_accuracy_counts_the_neighbours_votes():
@@ -125,8 +222,8 @@ def test_knn_accuracy_counts_the_neighbours_votes():
     assert knn_top1(bank, labels, queries, np.roll(labels, 1), k=1) == 0.0
 
 
-def test_swav_is_not_offered_to_organizers_until_it_learns():
-    assert "swav" not in available_tasks()
+def test_swav_is_offered_to_organizers():
+    assert "swav" in available_tasks()
 
 
 def test_the_worker_trains_with_lars() -> None:

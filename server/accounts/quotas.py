@@ -110,11 +110,21 @@ def check_update(
 
 def check_corpus(session: Session, settings: Settings, experiment: Experiment, user: User, content: str) -> None:
     """403 when ``content`` as ``experiment``'s corpus would take its owner's corpora past ``quota_corpus_mb``."""
-    if user.is_admin:
-        return
     # Not locked: the text is prepared (seconds) before the corpus is written, and a lock held that long would
     # stall the owner's other requests. Two uploads at once may both pass, each within SWARMHUB_CORPUS_MAX_MB.
     size = len(content.encode())  # what the corpus row records (``corpus.prepare``); its shards take about as much
+    check_corpus_bytes(session, settings, experiment, user, size, ("this text is", "a smaller text"))
+
+
+def check_corpus_bytes(
+    session: Session, settings: Settings, experiment: Experiment, user: User, size: int, words: tuple[str, str]
+) -> None:
+    """403 when a corpus of ``size`` bytes as ``experiment``'s would take its owner's corpora past
+    ``quota_corpus_mb``; ``words`` name it and what to give instead ("these images take", "fewer or smaller
+    images"). An image corpus is checked with the bytes of its arrays, after its archive is read and before they
+    are written."""
+    if user.is_admin:
+        return
     stored = session.scalar(
         select(func.sum(Corpus.bytes))
         .join(Experiment, Experiment.id == Corpus.experiment_id)
@@ -124,10 +134,11 @@ def check_corpus(session: Session, settings: Settings, experiment: Experiment, u
     limit = int(settings.quota_corpus_mb * 2**20)
     if stored + size <= limit:
         return
+    subject, instead = words
     raise Forbidden(
-        f"this text is {_mb(size)} and your other experiments' training text takes {_mb(stored)}, and the hub keeps "
-        f"at most {_mb(limit)} per account (quota: training text): give a smaller text, or ask the hub's "
-        "administrators for room"
+        f"{subject} {_mb(size)} and your other experiments' training text takes {_mb(stored)}, and the hub keeps "
+        f"at most {_mb(limit)} per account (quota: training text): give {instead}, or ask the hub's administrators "
+        "for room"
     )
 
 

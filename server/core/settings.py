@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     # from the source tree the server runs from (server/http/worker_package.py)
     worker_wheel_dir: Path | None = None
     corpus_max_mb: float = Field(default=64.0, gt=0, le=4096)  # the largest training text an organizer may upload
+    # The largest archive of images an organizer may upload (MiB), for a task that trains on images
+    corpus_images_max_mb: float = Field(default=1024.0, gt=0, le=16384)
     corpus_dir: Path | None = None  # a folder of *.txt files organizers may pick as training text (server-side)
     checkpoints_kept: int = Field(default=3, ge=1, le=1000)  # model checkpoints kept on disk per experiment
     body_max_mb: float = Field(default=1.0, gt=0, le=4096)  # the largest request body (MiB) but corpus uploads

@@ -1,7 +1,8 @@
 """An experiment's training data and models: the corpus the server prepares and serves to its workers (handing
 the shards out in turn), and the checkpoints its checkpoint peer keeps.
 
-Files live under the data directory: ``corpora/<folder>`` (see ``corpus.prepare``) and
+A text corpus is attached here (``attach``), an image corpus by :mod:`.image_data`; both end in ``take_row``.
+Files live under the data directory: ``corpora/<folder>`` (see ``text.prepare``, ``images.prepare``) and
 ``checkpoints/<run_id>/<epoch>`` (see ``checkpoint_peer``). Several server processes must share that directory
 (one volume), as they share the database.
 """
@@ -14,7 +15,7 @@ import shutil
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from sqlalchemy import event, select, update
@@ -25,16 +26,19 @@ from swarmhub.server import experiments, metrics
 from swarmhub.server.core.errors import BadRequest, Conflict, NotFound
 from swarmhub.server.core.settings import Settings
 from swarmhub.server.corpus import text as corpus
+from swarmhub.server.corpus.images import BUILTIN_IMAGE_SETS
 from swarmhub.server.models import Checkpoint, Corpus, Experiment
 from swarmhub.worker import tasks
 from swarmhub.worker.tasks import UnknownTask, get_task
 from swarmhub.worker.tasks.data import LocalCorpus
 
+CorpusKind = Literal["text", "images"]
 BUILTIN_PREFIX = "builtin:"
 SERVER_PREFIX = "server:"
 
 
 class CorpusPublic(BaseModel):
+    kind: Literal["text"] = "text"
     source: str
     bytes: int
     vocab_size: int
@@ -46,7 +50,8 @@ class CorpusPublic(BaseModel):
 
 
 class CorpusSource(BaseModel):
-    """A text the server can read: a built-in corpus, or a file in the operator's ``SWARMHUB_CORPUS_DIR``."""
+    """A corpus the server can read: a built-in text or image set, or a text file in the operator's
+    ``SWARMHUB_CORPUS_DIR``."""
 
     name: str = Field(description="What to send as `source`")
     title: str
@@ -107,7 +112,18 @@ def _server_files(settings: Settings) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".txt" and not p.name.startswith("."))
 
 
-def sources(settings: Settings) -> list[CorpusSource]:
+def corpus_kind(experiment: Experiment) -> CorpusKind:
+    """What the experiment's task trains on: "text" or "images" (a task not installed here: "text")."""
+    try:
+        return get_task(experiment.task).corpus_kind
+    except UnknownTask:
+        return "text"
+
+
+def sources(settings: Settings, kind: CorpusKind = "text") -> list[CorpusSource]:
+    """What the server offers an experiment whose task trains on ``kind``, to give it without an upload."""
+    if kind == "images":
+        return [CorpusSource(name=BUILTIN_PREFIX + name, title=title) for name, title in BUILTIN_IMAGE_SETS.items()]
     found = [CorpusSource(name=BUILTIN_PREFIX + name, title=title) for name, title in corpus.BUILTIN_CORPORA.items()]
     for path in _server_files(settings):
         found.append(CorpusSource(name=SERVER_PREFIX + path.name, title=f"{path.name} (on the server)"))
@@ -167,36 +183,53 @@ def attach(
     """Prepare ``text`` (tokenizer, shards) and make it the experiment's corpus. Nothing is half made: the
     folder appears whole or not at all, and the one it replaces is removed only once the change is committed."""
     check_editable(session, experiment)
-    name = f"{experiment.id}-{uuid.uuid4().hex[:12]}"
-    folder = corpora_dir(settings) / name
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    name, folder = new_folder(settings, experiment)
     try:
         manifest = corpus.prepare(
             text, folder, vocab_size=options.vocab_size, seq_length=options.seq_length, source=source
         )
     except corpus.CorpusError as exc:
         raise BadRequest(str(exc), field=exc.field or "file") from None
-    row = session.get(Corpus, experiment.id)
-    old = corpus_folder(settings, row) if row is not None else None
-    if row is None:
-        row = Corpus(experiment_id=experiment.id)
-        session.add(row)
-    row.folder = name
+    row = take_row(session, settings, experiment, name, manifest)
     row.source = source[:300]
     row.bytes = manifest["bytes"]
     row.text_sha256 = manifest["text_sha256"]
     row.vocab_size = manifest["vocab_size"]
     row.seq_length = manifest["seq_length"]
-    row.shards = len(manifest["shards"])
     row.train_sequences = manifest["train_sequences"]
     row.eval_sequences = manifest["eval_sequences"]
+    session.flush()
+    return row
+
+
+def new_folder(settings: Settings, experiment: Experiment) -> tuple[str, Path]:
+    """A fresh name for an experiment's corpus folder under ``corpora/``, and its path (not created)."""
+    name = f"{experiment.id}-{uuid.uuid4().hex[:12]}"
+    folder = corpora_dir(settings) / name
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return name, folder
+
+
+def take_row(
+    session: Session, settings: Settings, experiment: Experiment, name: str, manifest: dict[str, Any]
+) -> Corpus:
+    """Make the prepared folder ``corpora/<name>`` the experiment's corpus: its row (the caller sets what the kind
+    of corpus records, then flushes), shards handed out from the first again, the task's baseline measured on it;
+    the folder it replaces is removed once the change is committed, the new one if it is rolled back."""
+    folder = corpora_dir(settings) / name
+    row = session.get(Corpus, experiment.id)
+    old = corpus_folder(settings, row) if row is not None else None
+    _after_transaction(session, remove_on_commit=old, remove_on_rollback=folder)
+    if row is None:
+        row = Corpus(experiment_id=experiment.id)
+        session.add(row)
+    row.folder = name
+    row.shards = len(manifest["shards"])
     row.next_shard = 0
     found = measure_baseline(experiment, folder, manifest)
     row.baseline_loss = found.cross_entropy if found is not None else None
     row.baseline_top1 = found.top1 if found is not None else None
     row.baseline_top5 = found.top5 if found is not None else None
-    _after_transaction(session, remove_on_commit=old, remove_on_rollback=folder)
-    session.flush()
     return row
 
 

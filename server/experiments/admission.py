@@ -157,14 +157,27 @@ def _valid_keys_of(user: User, now: datetime) -> tuple[Any, ...]:
     return (SwarmPeerKey.user_id == user.id, SwarmPeerKey.expires_at > now)
 
 
-def peers_held(session: Session, user: User) -> dict[int, int]:
-    """Experiment ID -> how many peer keys ``user`` holds valid tokens for there (experiments with none left out)."""
-    counts = select(SwarmPeerKey.experiment_id, func.count()).where(*_valid_keys_of(user, utcnow()))
-    return dict(session.execute(counts.group_by(SwarmPeerKey.experiment_id)).tuples().all())
+@dataclass(frozen=True)
+class PeersHeld:
+    """A volunteer's peer keys with a valid token in one experiment: how many, and when the first token expires."""
+
+    count: int = 0
+    first_expiry: datetime | None = None
+
+
+def peers_held(session: Session, user: User, now: datetime) -> dict[int, PeersHeld]:
+    """Experiment ID -> the peer keys ``user`` holds valid tokens for there at ``now`` (experiments with none left
+    out): what :func:`check_room` takes, for every experiment in one query."""
+    rows = session.execute(
+        select(SwarmPeerKey.experiment_id, func.count(), func.min(SwarmPeerKey.expires_at))
+        .where(*_valid_keys_of(user, now))
+        .group_by(SwarmPeerKey.experiment_id)
+    )
+    return {experiment_id: PeersHeld(count, first) for experiment_id, count, first in rows}
 
 
 def _check_room(session: Session, experiment: Experiment, user: User, key: PeerKey, now: datetime) -> None:
-    """429 unless ``user`` holds valid tokens for fewer keys than the experiment allows, ``key`` aside."""
+    """:func:`check_room` for ``user``'s valid keys in ``experiment``, ``key`` aside (it is renewed, not added)."""
     count, first_expiry = session.execute(
         select(func.count(), func.min(SwarmPeerKey.expires_at)).where(
             *_valid_keys_of(user, now),
@@ -172,16 +185,23 @@ def _check_room(session: Session, experiment: Experiment, user: User, key: PeerK
             SwarmPeerKey.peer_id != key.peer_id,
         )
     ).one()
+    check_room(experiment, PeersHeld(count, first_expiry), now)
+
+
+def check_room(experiment: Experiment, held: PeersHeld, now: datetime) -> None:
+    """429 unless a volunteer who holds ``held`` in ``experiment`` may have one more peer key admitted there: fewer
+    than its ``max_peers_per_volunteer``. The one rule for the join, a token for a new key, and the joinable list."""
     limit = experiment.max_peers_per_volunteer
-    if count < limit:
+    if held.count < limit:
         return
     # 429, not 403: the volunteer may run another peer once one of theirs stops renewing its token, at a time the
     # server knows (Retry-After), and clients treat 429 as "later" where 403 means "never".
+    first_expiry = held.first_expiry or now  # held.count > 0 here: some token expires first
     seconds = max(1, math.ceil((first_expiry - now).total_seconds()))
     raise TooManyRequests(
-        f"you already run {count} peer{'s' if count != 1 else ''} in {experiment.slug!r}, and its organizer allows "
-        f"{limit} per volunteer (max_peers_per_volunteer): stop one of your peers or wait for its token to expire "
-        f"at {swarm_tokens.format_expiry(first_expiry)}",
+        f"you already run {held.count} peer{'s' if held.count != 1 else ''} in {experiment.slug!r}, and its organizer "
+        f"allows {limit} per volunteer (max_peers_per_volunteer): stop one of your peers or wait for its token to "
+        f"expire at {swarm_tokens.format_expiry(first_expiry)}",
         field="peer_public_key",
         headers={"Retry-After": str(seconds)},
     )

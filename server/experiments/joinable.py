@@ -1,12 +1,13 @@
 """The experiments a volunteer may join now, most needed first: what ``swarmhub join --any`` chooses from
 (``GET /api/me/joinable``).
 
-Whether the volunteer may join is the join route's own check (:func:`.membership.check_joinable`: running, not
-removed, invited or listed where the experiment asks for it), applied to every running experiment, so the list never
-offers what the join would refuse. An experiment in which the volunteer already holds valid swarm tokens for as many
-peer keys as its organizer allows (``max_peers_per_volunteer``) is left out too: a new peer of theirs would be refused
-(429) until one of those tokens expires. How much each needs peers is :func:`swarmhub.common.choice.need` of its peers
-online: the worker runs that reported within the active window, as ``/api/hub`` counts volunteers online.
+Whether the volunteer may join is the join's own checks, applied to every running experiment, so the list never
+offers what the join would refuse: :func:`.membership.check_joinable` (running, not removed, invited or listed where
+the experiment asks for it) and :func:`.admission.check_room` (fewer peer keys with a valid swarm token there than its
+organizer allows, ``max_peers_per_volunteer``: else a new peer of theirs is refused, 429, until one of those tokens
+expires). An entry names no reason: what the join would refuse is left out, and the join's answer says why. How much
+each needs peers is :func:`swarmhub.common.choice.need` of its peers online: the worker runs that reported within the
+active window, as ``/api/hub`` counts volunteers online.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from sqlalchemy.orm import Session
 
 from swarmhub.common.choice import JoinableExperiment, by_need, need
 from swarmhub.server.core.errors import AppError
-from swarmhub.server.experiments.admission import peers_held
+from swarmhub.server.experiments.admission import PeersHeld, check_room, peers_held
 from swarmhub.server.experiments.lifecycle import running
 from swarmhub.server.experiments.membership import check_joinable
 from swarmhub.server.metrics.common import current_time
-from swarmhub.server.models import User, WorkerRun
+from swarmhub.server.models import User, WorkerRun, utcnow
+
+NO_PEERS = PeersHeld()
 
 
 def joinable(session: Session, user: User, window_seconds: int) -> list[JoinableExperiment]:
@@ -41,14 +44,14 @@ def joinable(session: Session, user: User, window_seconds: int) -> list[Joinable
             .group_by(WorkerRun.experiment_id)
         )
     }
-    held = peers_held(session, user)
+    now = utcnow()  # admission's clock, as the join's count of peer keys
+    held = peers_held(session, user, now)
     listed = []
     for experiment in running(session):
         try:
             check_joinable(session, experiment, user)
-        except AppError:  # removed, not invited or not listed: the join would refuse it too
-            continue
-        if held.get(experiment.id, 0) >= experiment.max_peers_per_volunteer:  # a new peer would wait (429)
+            check_room(experiment, held.get(experiment.id, NO_PEERS), now)
+        except AppError:  # the join would refuse it too: removed, not invited or listed, or a new peer would wait
             continue
         row = online.get(experiment.id)
         peers = int(row.peers) if row is not None else 0

@@ -49,6 +49,16 @@ def keeps_checkpoints(experiment: Experiment) -> bool:
         return False
 
 
+def checkpoint_words(experiment: Experiment) -> dict[str, str]:
+    """The dashboard's words for the experiment's checkpoints (``Task.held_out_words``, ``accuracy_words``,
+    ``download_words``); empty for a task not installed here."""
+    try:
+        task = get_task(experiment.task)
+    except UnknownTask:
+        return {}
+    return {"held_out": task.held_out_words, "accuracy": task.accuracy_words, "download": task.download_words}
+
+
 def run_id(experiment: Experiment) -> str:
     """hivemind's run_id: the DHT key prefix every peer of the experiment shares."""
     return f"swarmhub-{experiment.slug}-{experiment.id}"

@@ -7,7 +7,8 @@ at once, unread; one sent without a Content-Length (chunked) is counted as it st
 as the count passes the limit, nothing of it kept. Websocket and lifespan messages pass untouched.
 
 Limits: ``SWARMHUB_BODY_MAX_MB`` for every route; a corpus upload takes ``SWARMHUB_CORPUS_MAX_MB`` (and the form's
-framing), the upload probe its 8 MiB. They are read from the settings at each request.
+framing), or ``SWARMHUB_CORPUS_IMAGES_MAX_MB`` where its experiment's task trains on images (looked up by the slug in
+the path), the upload probe its 8 MiB. They are read from the settings at each request.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -23,12 +25,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from swarmhub.server.core.errors import AppError, TooLarge
 from swarmhub.server.core.settings import Settings
-from swarmhub.server.corpus import training_data
+from swarmhub.server.corpus import image_data, training_data
 from swarmhub.server.corpus import upload as corpus_upload
+from swarmhub.server.corpus.training_data import CorpusKind
 from swarmhub.server.routes.data import UPLOAD_OVERHEAD
 from swarmhub.server.routes.probe import MAX_PROBE_BYTES
+from swarmhub.server.services import services
 
-CORPUS_UPLOAD = re.compile(r"(/api)?/experiments/[^/]+/corpus")  # the API's PUT and the page's form POST
+CORPUS_UPLOAD = re.compile(r"(/api)?/experiments/(?P<slug>[^/]+)/corpus")  # the API's PUT and the page's form POST
 UPLOAD_PROBE = "/api/probe/upload"
 
 
@@ -41,15 +45,18 @@ class Limit:
     message: Callable[[int | None], str]  # given the body's Content-Length, None when it streams in without one
 
 
-def limit_for(settings: Settings, method: str, path: str) -> Limit:
-    """The limit of a request's body, by its route."""
+def limit_for(settings: Settings, method: str, path: str, kind: CorpusKind = "text") -> Limit:
+    """The limit of a request's body, by its route (and for a corpus upload, the ``kind`` its experiment takes)."""
     if method in ("POST", "PUT") and CORPUS_UPLOAD.fullmatch(path):
-        most = training_data.max_bytes(settings)
+        if kind == "images":
+            most, what, setting = image_data.max_bytes(settings), "image archives", "SWARMHUB_CORPUS_IMAGES_MAX_MB"
+        else:
+            most, what, setting = training_data.max_bytes(settings), "training text", "SWARMHUB_CORPUS_MAX_MB"
         limit = corpus_upload.size_text(most)
 
         def upload(size: int | None) -> str:  # sizes as the upload route states them (binary units)
             actual = corpus_upload.size_text(size) if size is not None else f"over {limit}"
-            return f"the upload is {actual}; this server takes training text up to {limit} (SWARMHUB_CORPUS_MAX_MB)"
+            return f"the upload is {actual}; this server takes {what} up to {limit} ({setting})"
 
         return Limit(most + UPLOAD_OVERHEAD, "file", upload)
     if path == UPLOAD_PROBE:
@@ -60,6 +67,20 @@ def limit_for(settings: Settings, method: str, path: str) -> Limit:
     return Limit(
         max_bytes, "body", lambda _: f"request body over {corpus_upload.size_text(max_bytes)} (SWARMHUB_BODY_MAX_MB)"
     )
+
+
+async def _corpus_kind(scope: Scope) -> CorpusKind:
+    """For a corpus upload, what its experiment's task trains on (an image archive may be larger than a text)."""
+    match = CORPUS_UPLOAD.fullmatch(scope["path"])
+    if scope["method"] not in ("POST", "PUT") or match is None or "app" not in scope:
+        return "text"
+    sessionmaker = services(scope["app"]).sessionmaker
+
+    def look_up() -> CorpusKind:
+        with sessionmaker() as session:
+            return image_data.kind_of(session, match.group("slug"))
+
+    return await run_in_threadpool(look_up)
 
 
 class _Over(Exception):
@@ -77,7 +98,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = limit_for(self.settings, scope["method"], scope["path"])
+        limit = limit_for(self.settings, scope["method"], scope["path"], await _corpus_kind(scope))
         length = Headers(scope=scope).get("content-length", "")
         if length.isdigit() and int(length) > limit.max_bytes:
             await self._refuse(scope, send, TooLarge(limit.message(int(length)), field=limit.field))

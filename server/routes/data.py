@@ -1,30 +1,36 @@
-"""Training data and models under /api: the organizer gives an experiment its text; workers download the
-tokenizer and the shards the server hands out; anyone downloads the latest model."""
+"""Training data and models under /api: the organizer gives an experiment its text or images; workers download
+the files and the shards the server hands out; anyone downloads the latest model."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
+from pydantic import Field
 from starlette.datastructures import UploadFile as StarletteUploadFile
 
 from swarmhub.common.protocol import ShardTurn
 from swarmhub.server import experiments
 from swarmhub.server.accounts import quotas
 from swarmhub.server.core.errors import BadRequest, documented
-from swarmhub.server.corpus import training_data
+from swarmhub.server.core.settings import Settings
+from swarmhub.server.corpus import image_data, training_data
 from swarmhub.server.experiments import rollback
 from swarmhub.server.http.deps import DB, AppSettings, CurrentUser, OptionalUser, OrganizerUser, reconcile_after_commit
 from swarmhub.server.http.ratelimit import limited
 from swarmhub.server.models import User
+from swarmhub.worker.tasks import UnknownTask, get_task
 
 router = APIRouter(prefix="/api", tags=["data"], responses=documented(400, 401, 403, 404, 409, 413, 429))
-# Multipart framing and the form's other fields: an upload's body may be this much over SWARMHUB_CORPUS_MAX_MB.
+# Multipart framing and the form's other fields: an upload's body may be this much over SWARMHUB_CORPUS_MAX_MB (or
+# SWARMHUB_CORPUS_IMAGES_MAX_MB for an experiment that trains on images).
 # ``body_limit.BodyLimit`` refuses a larger body (413) before it is read: the form would otherwise be parsed, and
 # spooled to disk, whole.
 UPLOAD_OVERHEAD = 64 * 1024
+# An experiment's corpus as the API shows it: text or images, by its task ("kind").
+AnyCorpusPublic = Annotated[training_data.CorpusPublic | image_data.ImageCorpusPublic, Field(discriminator="kind")]
 
 
 def _printable(name: str) -> str:
@@ -40,14 +46,29 @@ async def set_corpus_from_form(
     upload: StarletteUploadFile | None,
     source: str | None,
     options: training_data.CorpusOptions,
+    image_options: image_data.ImageOptions,
 ) -> training_data.Corpus:
-    """Shared by the API and the page: the uploaded file, or a text the server can read, prepared."""
-    if upload is not None and upload.filename:
+    """Shared by the API and the page: the uploaded file, or a corpus the server can read, prepared as the kind of
+    corpus the experiment's task trains on (text with ``options``, images with ``image_options``)."""
+    has_file = upload is not None and bool(upload.filename)
+    if has_file and source:
+        raise BadRequest("give a file or a source, not both", field="source")
+    if training_data.corpus_kind(experiment) == "images":
+        if upload is not None and has_file:
+            # The archive stays in the file Starlette spooled it to: it is read member by member from there.
+            label = _printable(upload.filename or "")
+            return await run_in_threadpool(
+                image_data.attach_archive, session, settings, experiment, user, upload.file, label, image_options
+            )
         if source:
-            raise BadRequest("give a file or a source, not both", field="source")
+            return await run_in_threadpool(
+                image_data.attach_source, session, settings, experiment, user, source, image_options
+            )
+        raise BadRequest("choose an archive of images to upload or an image set the server offers", field="file")
+    if upload is not None and has_file:
         data = await upload.read(training_data.max_bytes(settings) + 1)
-        text = await run_in_threadpool(training_data.read_upload, data, settings, upload.filename)
-        label = f"upload:{_printable(upload.filename)}"
+        text = await run_in_threadpool(training_data.read_upload, data, settings, upload.filename or "")
+        label = f"upload:{_printable(upload.filename or '')}"
     elif source:
         text = await run_in_threadpool(training_data.read_source, settings, source)
         label = source
@@ -57,15 +78,47 @@ async def set_corpus_from_form(
     return await run_in_threadpool(training_data.attach, session, settings, experiment, text, label, options)
 
 
+def max_upload_bytes(settings: Settings, experiment: experiments.Experiment) -> int:
+    """The largest file the experiment takes: an archive of images for a task that trains on images, else text."""
+    if training_data.corpus_kind(experiment) == "images":
+        return image_data.max_bytes(settings)
+    return training_data.max_bytes(settings)
+
+
+def corpus_view(session: DB, experiment: experiments.Experiment) -> AnyCorpusPublic | None:
+    """The experiment's corpus as the API shows it, None before it has one (for its page)."""
+    row = session.get(training_data.Corpus, experiment.id)
+    return to_public(row, experiment) if row is not None else None
+
+
+def to_public(row: training_data.Corpus, experiment: experiments.Experiment) -> AnyCorpusPublic:
+    if training_data.corpus_kind(experiment) == "images":
+        return image_data.to_public(row)
+    return training_data.to_public(row)
+
+
 @router.get("/corpus-sources", response_model=list[training_data.CorpusSource])
-def corpus_sources(settings: AppSettings, user: CurrentUser) -> list[training_data.CorpusSource]:
-    """Texts this server can read, to give an experiment without uploading anything."""
-    return training_data.sources(settings)
+def corpus_sources(
+    settings: AppSettings,
+    user: CurrentUser,
+    task: Annotated[
+        str | None, Query(max_length=100, description="The experiment's task: only what it trains on is listed")
+    ] = None,
+) -> list[training_data.CorpusSource]:
+    """What this server can give an experiment without an upload: texts, or with `task` of a task that trains on
+    images, image sets."""
+    kind: training_data.CorpusKind = "text"
+    if task is not None:
+        try:
+            kind = get_task(task).corpus_kind
+        except UnknownTask as exc:
+            raise BadRequest(str(exc), field="task") from None
+    return training_data.sources(settings, kind)
 
 
 @router.put(
     "/experiments/{slug}/corpus",
-    response_model=training_data.CorpusPublic,
+    response_model=AnyCorpusPublic,
     dependencies=[limited("corpus")],
 )
 async def put_corpus(
@@ -73,23 +126,30 @@ async def put_corpus(
     session: DB,
     settings: AppSettings,
     user: OrganizerUser,
-    file: Annotated[UploadFile | None, File(description="Plain UTF-8 text")] = None,
+    file: Annotated[
+        UploadFile | None,
+        File(description="Plain UTF-8 text; for a task that trains on images, a .zip or .tar(.gz) of images"),
+    ] = None,
     source: Annotated[str | None, Form(max_length=300, description="A name from /api/corpus-sources")] = None,
     vocab_size: Annotated[int, Form(ge=100, le=128_000)] = 8000,
     seq_length: Annotated[int, Form(ge=16, le=4096)] = 128,
-) -> training_data.CorpusPublic:
-    """Give the experiment its training text (organizer; draft or paused): the server trains a tokenizer on it and
-    cuts it into token shards. Answers once it is ready."""
+    image_size: Annotated[int, Form(ge=16, le=256, description="Images only: pixels of each side")] = 32,
+) -> AnyCorpusPublic:
+    """Give the experiment its training data (organizer; draft or paused). Text: the server trains a tokenizer on
+    it and cuts it into token shards. Images (a task whose corpus is images): the server checks the archive,
+    decodes and resizes every image and cuts them into shards, holding out part of the labelled ones
+    (docs/organizers.md). Answers once it is ready."""
     experiment = experiments.get_managed(session, slug, user)
     options = training_data.CorpusOptions(vocab_size=vocab_size, seq_length=seq_length)
-    row = await set_corpus_from_form(session, settings, experiment, user, file, source, options)
-    return training_data.to_public(row)
+    image_options = image_data.ImageOptions(image_size=image_size)
+    row = await set_corpus_from_form(session, settings, experiment, user, file, source, options, image_options)
+    return to_public(row, experiment)
 
 
-@router.get("/experiments/{slug}/corpus", response_model=training_data.CorpusPublic)
-def get_corpus(slug: str, session: DB, user: OptionalUser) -> training_data.CorpusPublic:
+@router.get("/experiments/{slug}/corpus", response_model=AnyCorpusPublic)
+def get_corpus(slug: str, session: DB, user: OptionalUser) -> AnyCorpusPublic:
     experiment = experiments.get_visible(session, slug, user)
-    return training_data.to_public(training_data.get(session, experiment))
+    return to_public(training_data.get(session, experiment), experiment)
 
 
 def _joinable(session: DB, slug: str, user: CurrentUser) -> experiments.Experiment:

@@ -16,16 +16,16 @@ from swarmhub.common.protocol import Aggregation, OptimizerName, Overlap, Traini
 from swarmhub.server import experiments, teams
 from swarmhub.server.accounts import quotas
 from swarmhub.server.core.errors import AppError
-from swarmhub.server.corpus import training_data
+from swarmhub.server.corpus import image_data, training_data
 from swarmhub.server.corpus import upload as corpus_upload
 from swarmhub.server.experiments import rollback
 from swarmhub.server.http.deps import CSRF, DB, AppSettings, PageUser, RequiredPageUser, reconcile_after_commit
 from swarmhub.server.http.ratelimit import limited
 from swarmhub.server.http.views import render
 from swarmhub.server.metrics import swarm_view
-from swarmhub.server.models import Corpus
 from swarmhub.server.routes import data
 from swarmhub.server.routes.page_helpers import WebSess, form_errors, router, see_other
+from swarmhub.server.routes.teams import After
 from swarmhub.server.services import services
 from swarmhub.worker.tasks import available_tasks, get_task
 
@@ -205,9 +205,11 @@ def _dashboard(
     *,
     corpus_error: dict[str, str] | None = None,
     status_code: int = 200,
+    teams_after: teams.ExperimentTeamCursor | None = None,
 ) -> Response:
     can_manage = experiments.can_manage(experiment, user)
     needs_corpus = experiments.needs_corpus(experiment)
+    corpus_kind = training_data.corpus_kind(experiment)
     swarm = None
     if can_manage:
         states = services(request.app).coordinator.peer_states(session, experiments.run_id(experiment))
@@ -220,19 +222,20 @@ def _dashboard(
         "actions": [a for a, (src, _) in experiments.TRANSITIONS.items() if experiment.status in src],
         "needs_corpus": needs_corpus,
         "keeps_checkpoints": experiments.keeps_checkpoints(experiment),
+        "checkpoint_words": experiments.checkpoint_words(experiment),
         "kept_checkpoints": [  # newest first
             c for c in reversed(training_data.checkpoints(session, experiment, limit=50)) if c.downloadable
         ]
         if can_manage
         else [],
-        "corpus": session.get(Corpus, experiment.id) if needs_corpus else None,
-        "corpus_sources": training_data.sources(settings)
-        if can_manage and experiments.needs_corpus(experiment)
-        else [],
-        "corpus_limit": corpus_upload.size_text(training_data.max_bytes(settings)),
+        "corpus": data.corpus_view(session, experiment) if needs_corpus else None,
+        "corpus_kind": corpus_kind,
+        "corpus_sources": training_data.sources(settings, corpus_kind) if can_manage and needs_corpus else [],
+        "corpus_limit": corpus_upload.size_text(data.max_upload_bytes(settings, experiment)),
         "corpus_error": corpus_error or {},
         "corpus_defaults": training_data.CorpusOptions(),
-        "team_standings": teams.experiment_standings(session, experiment),
+        "image_defaults": image_data.ImageOptions(),
+        "team_standings": teams.experiment_standings_page(session, experiment, after=teams_after),
         "swarm": swarm,
         "rate_cap": swarm_rate_cap(experiment.target_batch_size, experiment.matchmaking_time),
         # The fastest peer's own rate, for the organizer: the settings throttle the swarm when it is above the cap
@@ -244,25 +247,33 @@ def _dashboard(
 
 @router.get("/experiments/{slug}")
 def dashboard(
-    request: Request, slug: str, session: DB, settings: AppSettings, user: PageUser, web: WebSess
+    request: Request,
+    slug: str,
+    session: DB,
+    settings: AppSettings,
+    user: PageUser,
+    web: WebSess,
+    teams_cursor: After = None,
 ) -> Response:
+    """The dashboard; its Teams table is a page of the experiment's teams (``teams_cursor``: the next ones)."""
+    teams_after = teams.ExperimentTeamCursor.decode(teams_cursor, "teams_cursor") if teams_cursor else None
     experiment = experiments.get_visible(session, slug, user)
-    return _dashboard(request, session, settings, experiment, user, web)
+    return _dashboard(request, session, settings, experiment, user, web, teams_after=teams_after)
 
 
 @router.post("/experiments/{slug}/corpus", dependencies=[CSRF, limited("corpus")])
 async def set_corpus(
     request: Request, slug: str, session: DB, settings: AppSettings, user: RequiredPageUser, web: WebSess
 ) -> Response:
-    """The organizer's training-text form: an upload or a text the server offers, prepared before answering."""
+    """The organizer's training-data form: an upload or a corpus the server offers, prepared before answering."""
     experiment = experiments.get_managed(session, slug, user)
     form = await request.form()
     upload = form.get("file")
     source = form.get("source")
     try:
-        options = training_data.CorpusOptions.model_validate(
-            {k: form.get(k) for k in ("vocab_size", "seq_length") if form.get(k) not in (None, "")}
-        )
+        given = {k: form.get(k) for k in ("vocab_size", "seq_length", "image_size") if form.get(k) not in (None, "")}
+        options = training_data.CorpusOptions.model_validate(given)  # each model takes its own fields
+        image_options = image_data.ImageOptions.model_validate(given)
         await data.set_corpus_from_form(
             session,
             settings,
@@ -271,6 +282,7 @@ async def set_corpus(
             upload if isinstance(upload, UploadFile) else None,
             source if isinstance(source, str) and source else None,
             options,
+            image_options,
         )
     except ValidationError as exc:
         session.rollback()

@@ -17,7 +17,17 @@ from swarmhub.server.http.deps import CSRF, DB, AppSettings, PageUser, RequiredP
 from swarmhub.server.http.ratelimit import check_account, limited
 from swarmhub.server.http.views import render
 from swarmhub.server.routes.page_helpers import WebSess, form_errors, router, see_other
-from swarmhub.server.routes.teams import After, Before, Limit, MembersAfter, MembersLimit, standings_page, team_detail
+from swarmhub.server.routes.teams import (
+    After,
+    Before,
+    ExperimentsAfter,
+    ExperimentsLimit,
+    Limit,
+    MembersAfter,
+    MembersLimit,
+    standings_page,
+    team_detail,
+)
 
 
 def _list(request: Request, session: DB, user: Any, web: Any, **extra: Any) -> Response:
@@ -78,9 +88,14 @@ def team_page(
     web: WebSess,
     members_limit: MembersLimit = teams.MEMBERS_LIMIT,
     members_cursor: MembersAfter = None,
+    experiments_limit: ExperimentsLimit = teams.TEAM_EXPERIMENTS_LIMIT,
+    experiments_cursor: ExperimentsAfter = None,
 ) -> Response:
-    detail = team_detail(session, slug, members_limit, members_cursor)
-    return _team(request, slug, session, user, web, detail=detail, members_limit=members_limit)
+    """A page of the team's members and one of its experiments (as ``GET /api/teams/{name}``), each with a link to
+    its next page."""
+    detail = team_detail(session, slug, members_limit, members_cursor, experiments_limit, experiments_cursor)
+    limits = {"members_limit": members_limit, "experiments_limit": experiments_limit}
+    return _team(request, slug, session, user, web, detail=detail, **limits)
 
 
 def _team(request: Request, slug: str, session: DB, user: Any, web: Any, **extra: Any) -> Response:
@@ -90,6 +105,7 @@ def _team(request: Request, slug: str, session: DB, user: Any, web: Any, **extra
     context = {
         "team": extra.pop("detail", None) or teams.detail(session, slug),
         "members_limit": extra.pop("members_limit", teams.MEMBERS_LIMIT),
+        "experiments_limit": extra.pop("experiments_limit", teams.TEAM_EXPERIMENTS_LIMIT),
         "member": row is not None and row.team_id == team.id,
         "elsewhere": row is not None and row.team_id != team.id,
         "can_manage": teams.can_manage(session, team, user),

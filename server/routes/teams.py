@@ -1,11 +1,12 @@
-"""JSON about teams: the hub-wide standings (in pages), one team, an experiment's teams; creating, joining and
+"""JSON about teams: the hub-wide standings, one team, its members and its experiments, an experiment's teams (each
+list in pages by cursor, as the leaderboard's: ``limit``, ``cursor``, ``Next-Cursor``); creating, joining and
 leaving a team, a team's founder and admins managing its members, renaming and removing a team (moderation), and
 the open statistics export of every team (``/api/stats/teams.json`` and ``.csv``). Changes need a bearer token (a
 volunteer token is enough: teams change no experiment)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request, Response
@@ -29,11 +30,45 @@ MembersLimit = Annotated[
 MembersAfter = Annotated[
     str | None, Query(max_length=200, description="The members_next_cursor of the previous page of members")
 ]
+ExperimentsLimit = Annotated[
+    int, Query(ge=1, le=teams.TEAM_EXPERIMENTS_MAX_LIMIT, description="Experiments on the page of the team's ones")
+]
+ExperimentsAfter = Annotated[
+    str | None, Query(max_length=200, description="The experiments_next_cursor of the previous page of experiments")
+]
+NEXT_PAGE: dict[int | str, dict[str, Any]] = {
+    200: {
+        "headers": {
+            "Next-Cursor": {"description": "Pass as ?cursor= for the next page; absent on the last page"},
+            "Link": {"description": 'The next page\'s address, rel="next" (RFC 8288); absent on the last page'},
+        }
+    }
+}
 
 
-def team_detail(session: DB, slug: str, members_limit: int, members_cursor: str | None) -> teams.TeamPublic:
-    after = teams.MemberCursor.decode(members_cursor) if members_cursor is not None else None
-    return teams.detail(session, slug, members_limit, after)
+def team_detail(
+    session: DB,
+    slug: str,
+    members_limit: int,
+    members_cursor: str | None,
+    experiments_limit: int = teams.TEAM_EXPERIMENTS_LIMIT,
+    experiments_cursor: str | None = None,
+) -> teams.TeamPublic:
+    members_after = teams.MemberCursor.decode(members_cursor) if members_cursor is not None else None
+    experiments_after = (
+        teams.TeamExperimentCursor.decode(experiments_cursor) if experiments_cursor is not None else None
+    )
+    return teams.detail(session, slug, members_limit, members_after, experiments_limit, experiments_after)
+
+
+def next_page(request: Request, response: Response, limit: int, page: teams.Page[Any]) -> list[Any]:
+    """A page's rows as the body, and the way to the next page as the leaderboard gives it: the ``Next-Cursor``
+    header and ``Link`` (rel="next"), both absent on the last page. Headers, not fields: the body stays a list."""
+    if page.next_cursor is not None:
+        response.headers["Next-Cursor"] = page.next_cursor
+        query = urlencode({"limit": limit, "cursor": page.next_cursor})
+        response.headers["Link"] = f'<{request.url.path}?{query}>; rel="next"'
+    return page.entries
 
 
 def standings_page(limit: int, cursor: str | None, before: str | None, session: DB) -> teams.TeamPage:
@@ -98,10 +133,47 @@ def create_team(
 
 @router.get("/teams/{slug}", response_model=teams.TeamPublic)
 def get_team(
-    slug: str, session: DB, members_limit: MembersLimit = teams.MEMBERS_LIMIT, members_cursor: MembersAfter = None
+    slug: str,
+    session: DB,
+    members_limit: MembersLimit = teams.MEMBERS_LIMIT,
+    members_cursor: MembersAfter = None,
+    experiments_limit: ExperimentsLimit = teams.TEAM_EXPERIMENTS_LIMIT,
+    experiments_cursor: ExperimentsAfter = None,
 ) -> teams.TeamPublic:
-    """The team, a page of its named members (``members_next_cursor`` leads to the next) and its experiments."""
-    return team_detail(session, slug, members_limit, members_cursor)
+    """The team, a page of its named members and a page of its experiments (``members_next_cursor`` and
+    ``experiments_next_cursor`` lead to the next ones, here or as ``?cursor=`` of ``/members`` and ``/experiments``)."""
+    return team_detail(session, slug, members_limit, members_cursor, experiments_limit, experiments_cursor)
+
+
+@router.get("/teams/{slug}/members", response_model=list[teams.TeamMemberPublic], responses=NEXT_PAGE)
+def team_members(
+    slug: str,
+    session: DB,
+    request: Request,
+    response: Response,
+    limit: MembersLimit = teams.MEMBERS_LIMIT,
+    cursor: After = None,
+) -> list[teams.TeamMemberPublic]:
+    """A page of the team's members who show their profile, most verified first (then the longest in the team);
+    those who hid it are counted on the team (``hidden_members``), never named. Page on with ``Next-Cursor``."""
+    after = teams.MemberCursor.decode(cursor, "cursor") if cursor is not None else None
+    return next_page(request, response, limit, teams.members_page(session, teams.get(session, slug), limit, after))
+
+
+@router.get("/teams/{slug}/experiments", response_model=list[teams.TeamExperiment], responses=NEXT_PAGE)
+def team_experiments(
+    slug: str,
+    session: DB,
+    request: Request,
+    response: Response,
+    limit: ExperimentsLimit = teams.TEAM_EXPERIMENTS_LIMIT,
+    cursor: After = None,
+) -> list[teams.TeamExperiment]:
+    """A page of the public experiments the team's members helped, most verified first (then by slug), with the
+    team's share and its rank among the experiment's teams. Page on with ``Next-Cursor``."""
+    after = teams.TeamExperimentCursor.decode(cursor, "cursor") if cursor is not None else None
+    page = teams.team_experiments_page(session, teams.get(session, slug), limit, after)
+    return next_page(request, response, limit, page)
 
 
 @router.post("/teams/{slug}/join", response_model=teams.Membership)
@@ -179,7 +251,18 @@ def team_stats_csv(request: Request, session: DB) -> Response:
     return exports.serve(request, services(request.app).team_stats.get(session, "csv"))
 
 
-@router.get("/experiments/{slug}/teams", response_model=list[teams.ExperimentTeamRow])
-def experiment_teams(slug: str, session: DB, user: OptionalUser) -> list[teams.ExperimentTeamRow]:
-    """The experiment's teams, by their current members' verified samples in it."""
-    return teams.experiment_standings(session, experiments.get_visible(session, slug, user))
+@router.get("/experiments/{slug}/teams", response_model=list[teams.ExperimentTeamRow], responses=NEXT_PAGE)
+def experiment_teams(
+    slug: str,
+    session: DB,
+    user: OptionalUser,
+    request: Request,
+    response: Response,
+    limit: Limit = teams.TEAMS_LIMIT,
+    cursor: After = None,
+) -> list[teams.ExperimentTeamRow]:
+    """A page of the experiment's teams, by their current members' verified samples in it; ``rank`` is the place
+    among all of them. Page on with ``Next-Cursor``, as the leaderboard pages."""
+    after = teams.ExperimentTeamCursor.decode(cursor) if cursor is not None else None
+    experiment = experiments.get_visible(session, slug, user)
+    return next_page(request, response, limit, teams.experiment_standings_page(session, experiment, limit, after))

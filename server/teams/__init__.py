@@ -22,10 +22,12 @@ their own team too (the name is the team's, and the founder answers for it), the
 passes the rules of a name at creation. Removing a team deletes its memberships and the team, nothing else: the
 volunteers' verified samples are the ledger's and stay theirs.
 
-Paging: the standings are pages of at most ``TEAMS_MAX_LIMIT`` teams, in the standings' order, by cursor (as the
-leaderboard's): a page's last row leads to the next page, its first row to the previous one. A team's own page lists
-its named members in pages of at most ``MEMBERS_MAX_LIMIT`` (``members_cursor``) and its
-``TEAM_EXPERIMENTS_LIMIT`` most verified experiments, and reads only that team's rows (its rank is one count).
+Paging: every list is served in pages by cursor, as the leaderboard's (``limit``, ``cursor``, the ``Next-Cursor``
+header), bounded by default: the standings (at most ``TEAMS_MAX_LIMIT`` teams a page; a page's first row also leads
+to the previous one), a team's named members (``MEMBERS_MAX_LIMIT``), the experiments a team helped
+(``TEAM_EXPERIMENTS_MAX_LIMIT``) and an experiment's teams (``TEAMS_MAX_LIMIT``). A team's own page holds the first
+page of its members and of its experiments with the cursors of the next (:class:`Page`), and reads only that team's
+rows (its rank is one count), and for its ranks per experiment the teams of the experiments on the page.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from swarmhub.server.teams.membership import (
     remove_team,
     rename,
 )
+from swarmhub.server.teams.per_experiment import experiment_standings_page, team_experiments_page
 from swarmhub.server.teams.schemas import (
     CSV_FIELDS,
     DESCRIPTION_MAX,
@@ -51,15 +54,19 @@ from swarmhub.server.teams.schemas import (
     MEMBERS_MAX_LIMIT,
     NAME_MAX,
     TEAM_EXPERIMENTS_LIMIT,
+    TEAM_EXPERIMENTS_MAX_LIMIT,
     TEAMS_LIMIT,
     TEAMS_MAX_LIMIT,
+    ExperimentTeamCursor,
     ExperimentTeamRow,
     MemberAction,
     MemberCursor,
     Membership,
+    Page,
     TeamCreate,
     TeamCursor,
     TeamExperiment,
+    TeamExperimentCursor,
     TeamMemberPublic,
     TeamName,
     TeamPage,
@@ -72,8 +79,8 @@ from swarmhub.server.teams.schemas import (
 )
 from swarmhub.server.teams.standings import (
     detail,
-    experiment_standings,
     get,
+    members_page,
     membership,
     standings,
     standings_page,
@@ -88,7 +95,11 @@ __all__ = [
     "MEMBERS_LIMIT",
     "MEMBERS_MAX_LIMIT",
     "TEAM_EXPERIMENTS_LIMIT",
+    "TEAM_EXPERIMENTS_MAX_LIMIT",
     "MemberCursor",
+    "TeamExperimentCursor",
+    "ExperimentTeamCursor",
+    "Page",
     "team_path",
     "TeamName",
     "TeamCreate",
@@ -111,7 +122,9 @@ __all__ = [
     "standings",
     "standings_page",
     "detail",
-    "experiment_standings",
+    "members_page",
+    "team_experiments_page",
+    "experiment_standings_page",
     "stats",
     "stats_csv",
     "stats_bodies",

@@ -1,5 +1,5 @@
 """Teams: the open statistics export, every team as the standings and the team pages count it (the same queries,
-:mod:`.standings`), in JSON and CSV."""
+:mod:`.standings` and :mod:`.per_experiment`), in JSON and CSV."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from sqlalchemy.orm import Session
 
 from swarmhub.server.community import exports
 from swarmhub.server.models import TeamMember, utcnow
+from swarmhub.server.teams.per_experiment import experiments_by_team
 from swarmhub.server.teams.schemas import CSV_FIELDS, TeamStats, TeamStatsExperiment, TeamStatsRow
-from swarmhub.server.teams.standings import experiments_by_team, public_verified, ranked, summary_of
+from swarmhub.server.teams.standings import public_verified, ranked, summary_of
 
 
 def _members(session: Session, team_id: int | None = None) -> dict[int, list[Any]]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, NamedTuple
+from typing import Annotated, Generic, NamedTuple, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel, Field, TypeAdapter, field_validator
@@ -16,9 +17,10 @@ NAME_MAX = 32
 DESCRIPTION_MAX = 500
 TEAMS_LIMIT = 100  # teams on a page of the standings unless asked otherwise
 TEAMS_MAX_LIMIT = 500
-MEMBERS_LIMIT = 100  # members on a team's page unless asked otherwise
+MEMBERS_LIMIT = 100  # members on a page of a team's members unless asked otherwise
 MEMBERS_MAX_LIMIT = 500
-TEAM_EXPERIMENTS_LIMIT = 100  # the experiments a team's page lists: its most verified
+TEAM_EXPERIMENTS_LIMIT = 100  # experiments on a page of a team's experiments unless asked otherwise
+TEAM_EXPERIMENTS_MAX_LIMIT = 500
 
 
 def team_path(name: str) -> str:
@@ -87,11 +89,18 @@ class TeamPublic(TeamSummary):
     )
     members_next_cursor: str | None = Field(
         default=None,
-        description="Pass as ?members_cursor= for the next page of members; null on the last page",
+        description="Pass as ?members_cursor= here, or as ?cursor= to /api/teams/{name}/members, for the next page "
+        "of members; null on the last page",
     )
     hidden_members: int = Field(description="Members who hid their profile: counted, not named")
     experiments: list[TeamExperiment] = Field(
-        description=f"Most verified first: the team's {TEAM_EXPERIMENTS_LIMIT} most verified experiments"
+        description="A page of the public experiments the team's members helped, most verified first (then by slug): "
+        "at most experiments_limit of them"
+    )
+    experiments_next_cursor: str | None = Field(
+        default=None,
+        description="Pass as ?experiments_cursor= here, or as ?cursor= to /api/teams/{name}/experiments, for the "
+        "next page of experiments; null on the last page",
     )
     experiments_total: int = Field(description="Public experiments the team's members helped, listed or not")
 
@@ -144,6 +153,55 @@ class MemberCursor(NamedTuple):
 
 
 _MEMBER_CURSOR = TypeAdapter(MemberCursor)
+
+
+class TeamExperimentCursor(NamedTuple):
+    """A row of a team's experiments (its sort key): the next page starts after it. Opaque to clients."""
+
+    verified: Annotated[int, Field(ge=0, le=2**62)]
+    slug: Annotated[StoredText, Field(max_length=50)]
+
+    def encode(self) -> str:
+        return cursors.encode(_TEAM_EXPERIMENT_CURSOR, self)
+
+    @staticmethod
+    def decode(text: str, field: str = "experiments_cursor") -> TeamExperimentCursor:
+        """The cursor a page of the team's experiments returned; a 400 naming ``field`` for anything else."""
+        return cursors.decode(_TEAM_EXPERIMENT_CURSOR, text, field, "not a cursor this team's experiments returned")
+
+
+_TEAM_EXPERIMENT_CURSOR = TypeAdapter(TeamExperimentCursor)
+
+
+class ExperimentTeamCursor(NamedTuple):
+    """A row of an experiment's teams (its rank and sort key): the next page starts after it. Opaque to clients."""
+
+    rank: Annotated[int, Field(ge=1, le=2**62)]
+    verified: Annotated[int, Field(ge=0, le=2**62)]
+    sort_name: Annotated[StoredText, Field(max_length=NAME_MAX)]
+    team_id: Annotated[int, Field(ge=0, le=2**62)]
+
+    def encode(self) -> str:
+        return cursors.encode(_EXPERIMENT_TEAM_CURSOR, self)
+
+    @staticmethod
+    def decode(text: str, field: str = "cursor") -> ExperimentTeamCursor:
+        """The cursor a page of the experiment's teams returned; a 400 naming ``field`` for anything else."""
+        return cursors.decode(_EXPERIMENT_TEAM_CURSOR, text, field, "not a cursor this experiment's teams returned")
+
+
+_EXPERIMENT_TEAM_CURSOR = TypeAdapter(ExperimentTeamCursor)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """A page of a list by cursor, as the leaderboard's: its rows, and the cursor of the next page (None on the
+    last). The API serves ``entries`` as the body and ``next_cursor`` as the ``Next-Cursor`` header."""
+
+    entries: list[T]
+    next_cursor: str | None
 
 
 class TeamPage(BaseModel):

@@ -1,10 +1,9 @@
-"""Teams: lookups and the standings (hub-wide, per experiment, per team); the open statistics export is in
-:mod:`.export`."""
+"""Teams: lookups, the hub-wide standings and a team's page (its row of them, its members); the standings per
+experiment are in :mod:`.per_experiment`, the open statistics export in :mod:`.export`."""
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from sqlalchemy import and_, func, or_, select, tuple_
 from sqlalchemy.orm import Session
@@ -12,16 +11,16 @@ from sqlalchemy.orm import Session
 from swarmhub.server.community.volunteers import profile_path
 from swarmhub.server.core.errors import NotFound
 from swarmhub.server.experiments.lifecycle import PUBLIC
-from swarmhub.server.metrics.common import share_of
-from swarmhub.server.models import Experiment, ExperimentTotal, Team, TeamMember, User, VolunteerTotal
+from swarmhub.server.models import Experiment, Team, TeamMember, User, VolunteerTotal
+from swarmhub.server.teams.per_experiment import team_experiments_page, team_experiments_total
 from swarmhub.server.teams.schemas import (
     MEMBERS_LIMIT,
     TEAM_EXPERIMENTS_LIMIT,
     TEAMS_LIMIT,
-    ExperimentTeamRow,
     MemberCursor,
+    Page,
     TeamCursor,
-    TeamExperiment,
+    TeamExperimentCursor,
     TeamMemberPublic,
     TeamPage,
     TeamPublic,
@@ -181,12 +180,41 @@ def _rank_of(session: Session, team: Team) -> TeamSummary:
 
 
 def detail(
-    session: Session, name: str, members_limit: int = MEMBERS_LIMIT, members_after: MemberCursor | None = None
+    session: Session,
+    name: str,
+    members_limit: int = MEMBERS_LIMIT,
+    members_after: MemberCursor | None = None,
+    experiments_limit: int = TEAM_EXPERIMENTS_LIMIT,
+    experiments_after: TeamExperimentCursor | None = None,
 ) -> TeamPublic:
-    """A team's page: its row of the standings, a page of its named members (``members_limit`` after
-    ``members_after``, most verified first, then the longest in the team), how many hid their profile, and its most
-    verified experiments. Reads that team's rows only, whatever the hub's size."""
+    """A team's page: its row of the standings, a page of its named members (:func:`members_page`), how many hid
+    their profile, and a page of its experiments (:func:`.per_experiment.team_experiments_page`). Reads that team's
+    rows only, whatever the hub's size."""
     team = get(session, name)
+    members = members_page(session, team, members_limit, members_after)
+    hidden = session.scalar(
+        select(func.count())
+        .select_from(TeamMember)
+        .join(User, User.id == TeamMember.user_id)
+        .where(TeamMember.team_id == team.id, User.profile_hidden.is_(True))
+    )
+    experiments = team_experiments_page(session, team, experiments_limit, experiments_after)
+    return TeamPublic(
+        **_rank_of(session, team).model_dump(),
+        member_list=members.entries,
+        members_next_cursor=members.next_cursor,
+        hidden_members=int(hidden or 0),
+        experiments=experiments.entries,
+        experiments_next_cursor=experiments.next_cursor,
+        experiments_total=team_experiments_total(session, team),
+    )
+
+
+def members_page(
+    session: Session, team: Team, limit: int = MEMBERS_LIMIT, after: MemberCursor | None = None
+) -> Page[TeamMemberPublic]:
+    """``limit`` of ``team``'s members who show their profile, most verified first (then the longest in the team),
+    after the row ``after``: a member who hid their profile is counted on the team's page, never named."""
     per_user = public_verified(team.id)
     verified = func.coalesce(per_user.c.verified, 0)
     query = (
@@ -195,22 +223,21 @@ def detail(
         .outerjoin(per_user, per_user.c.user_id == TeamMember.user_id)
         .where(TeamMember.team_id == team.id, User.profile_hidden.is_(False))
     )
-    if members_after is not None:
+    if after is not None:
         query = query.where(
             or_(
-                verified < members_after.verified,
+                verified < after.verified,
                 and_(
-                    verified == members_after.verified,
-                    tuple_(TeamMember.joined_at, TeamMember.user_id)
-                    > tuple_(members_after.joined_at, members_after.user_id),
+                    verified == after.verified,
+                    tuple_(TeamMember.joined_at, TeamMember.user_id) > tuple_(after.joined_at, after.user_id),
                 ),
             )
         )
     rows = session.execute(
-        query.order_by(verified.desc(), TeamMember.joined_at, TeamMember.user_id).limit(members_limit + 1)
+        query.order_by(verified.desc(), TeamMember.joined_at, TeamMember.user_id).limit(limit + 1)
     ).all()
-    more, rows = len(rows) > members_limit, rows[:members_limit]
-    members = [
+    more, rows = len(rows) > limit, rows[:limit]
+    entries = [
         TeamMemberPublic(
             username=m.user.username,
             role=m.role,
@@ -221,105 +248,6 @@ def detail(
         )
         for m, v in rows
     ]
-    hidden = session.scalar(
-        select(func.count())
-        .select_from(TeamMember)
-        .join(User, User.id == TeamMember.user_id)
-        .where(TeamMember.team_id == team.id, User.profile_hidden.is_(True))
-    )
-    experiments = _team_experiments(session, team)
     last = rows[-1] if rows else None
-    return TeamPublic(
-        **_rank_of(session, team).model_dump(),
-        member_list=members,
-        members_next_cursor=(
-            MemberCursor(int(last[1]), last[0].joined_at, last[0].user_id).encode() if more and last else None
-        ),
-        hidden_members=int(hidden or 0),
-        experiments=experiments[:TEAM_EXPERIMENTS_LIMIT],
-        experiments_total=len(experiments),
-    )
-
-
-def _by_experiment_and_team(experiment_ids: Any = None) -> Any:
-    query = (
-        select(
-            VolunteerTotal.experiment_id,
-            TeamMember.team_id,
-            func.sum(VolunteerTotal.verified_samples).label("verified"),
-            func.count(VolunteerTotal.user_id).label("contributors"),
-        )
-        .join(TeamMember, TeamMember.user_id == VolunteerTotal.user_id)
-        .where(VolunteerTotal.verified_samples > 0)
-        .group_by(VolunteerTotal.experiment_id, TeamMember.team_id)
-    )
-    if experiment_ids is not None:
-        query = query.where(VolunteerTotal.experiment_id.in_(experiment_ids))
-    return query
-
-
-def _team_experiments(session: Session, team: Team) -> list[TeamExperiment]:
-    """The team's verified samples in each public experiment its members helped, and its rank there."""
-    helped = (
-        select(VolunteerTotal.experiment_id)
-        .join(TeamMember, TeamMember.user_id == VolunteerTotal.user_id)
-        .where(TeamMember.team_id == team.id, VolunteerTotal.verified_samples > 0)
-        .distinct()
-    )
-    return experiments_by_team(session, helped).get(team.id, [])
-
-
-def experiments_by_team(session: Session, experiment_ids: Any = None) -> dict[int, list[TeamExperiment]]:
-    """Every team's verified samples in each public experiment (of ``experiment_ids``, or all) that its members
-    helped, its share and its rank among the teams there; by team id, most verified first."""
-    by_team = _by_experiment_and_team(experiment_ids).subquery()
-    rows = session.execute(
-        select(by_team.c.experiment_id, by_team.c.team_id, by_team.c.verified, Experiment, ExperimentTotal)
-        .join(Experiment, Experiment.id == by_team.c.experiment_id)
-        .join(Team, Team.id == by_team.c.team_id)
-        .outerjoin(ExperimentTotal, ExperimentTotal.experiment_id == Experiment.id)
-        .where(PUBLIC)
-        # the order of experiment_standings within each experiment, ties included: a team's rank is the same there
-        .order_by(by_team.c.experiment_id, by_team.c.verified.desc(), func.lower(Team.name))
-    ).all()
-    grouped: dict[int, list[Any]] = {}
-    for row in rows:
-        grouped.setdefault(row.experiment_id, []).append(row)
-    found: dict[int, list[TeamExperiment]] = {}
-    for group in grouped.values():
-        for rank, row in enumerate(group, 1):
-            total = row.ExperimentTotal.verified_samples if row.ExperimentTotal else 0
-            found.setdefault(row.team_id, []).append(
-                TeamExperiment(
-                    slug=row.Experiment.slug,
-                    title=row.Experiment.title,
-                    url=f"/experiments/{quote(row.Experiment.slug, safe='')}",
-                    verified_samples=int(row.verified),
-                    share=share_of(int(row.verified), total),
-                    rank=rank,
-                )
-            )
-    return {team_id: sorted(rows, key=lambda e: (-e.verified_samples, e.slug)) for team_id, rows in found.items()}
-
-
-def experiment_standings(session: Session, experiment: Experiment) -> list[ExperimentTeamRow]:
-    """The teams of ``experiment`` (the caller checked it may be seen), most verified first."""
-    by_team = _by_experiment_and_team([experiment.id]).subquery()
-    rows = session.execute(
-        select(Team.name, by_team.c.verified, by_team.c.contributors)
-        .join(Team, Team.id == by_team.c.team_id)
-        .order_by(by_team.c.verified.desc(), func.lower(Team.name))
-    ).all()
-    totals = session.get(ExperimentTotal, experiment.id)
-    total = totals.verified_samples if totals else 0
-    return [
-        ExperimentTeamRow(
-            rank=rank,
-            name=name,
-            url=team_path(name),
-            verified_samples=int(verified),
-            contributors=int(contributors),
-            share=share_of(int(verified), total),
-        )
-        for rank, (name, verified, contributors) in enumerate(rows, 1)
-    ]
+    next_cursor = MemberCursor(int(last[1]), last[0].joined_at, last[0].user_id).encode() if more and last else None
+    return Page(entries=entries, next_cursor=next_cursor)

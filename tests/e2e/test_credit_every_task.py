@@ -1,8 +1,8 @@
-"""Every honest volunteer is credited, on every registered task: a real server, an organizer's experiment of the task
-(with its text, for a task that trains on a corpus), two real `swarmhub join` processes; each volunteer has verified
-samples on the leaderboard within a bounded time, which only the server's witness (its auxiliary peer) can give.
-Then each of the server's peer processes is killed as a crash would: the organizer's swarm view says so within 10 s,
-with how it exited, and the peer is running again after its backoff.
+"""Every honest volunteer is credited, on every registered task: a real server, an organizer's experiment of the
+task (with its text or images, for a task that trains on a corpus), two real `swarmhub join` processes; each
+volunteer has verified samples on the leaderboard within a bounded time, which only the server's witness (its
+auxiliary peer) can give. Then each of the server's peer processes is killed as a crash would: the organizer's swarm
+view says so within 10 s, with how it exited, and the peer is running again after its backoff.
 
 A task registered without settings here fails its case: a promise is kept on every task, not on the one tested."""
 
@@ -42,6 +42,14 @@ EXPERIMENTS: dict[str, dict[str, Any]] = {
         "checkpoint_minutes": 0.5,
         "corpus": {"bytes": 200_000, "vocab_size": "1000", "seq_length": "64"},
     },
+    "swav": {
+        "task_params": {"colour": "grey", "batch_size": 32, "prototypes": 16, "queue_length": 0},
+        "optimizer": "adam",
+        "learning_rate": 0.002,
+        "target_batch_size": 256,
+        "checkpoint_minutes": 0.5,
+        "images": "builtin:shapes",  # the built-in image set, prepared by the server as an upload is
+    },
 }
 PEER_MODULES = {
     "monitor": "swarmhub.server.swarm.bootstrap_peer",
@@ -53,6 +61,7 @@ PEER_MODULES = {
 def create(url: str, organizer: dict[str, str], task: str) -> None:
     settings = dict(EXPERIMENTS[task])
     text = settings.pop("corpus", None)
+    images = settings.pop("images", None)
     body = {
         "slug": SLUG,
         "title": f"Credit on {task}",
@@ -72,6 +81,12 @@ def create(url: str, organizer: dict[str, str], task: str) -> None:
             timeout=120,
         )
         assert uploaded.status_code == 200, uploaded.text
+    if images is not None:
+        given = http.put(
+            f"{url}/api/experiments/{SLUG}/corpus", headers=organizer, data={"source": images}, timeout=120
+        )
+        assert given.status_code == 200, given.text
+        assert given.json()["kind"] == "images", given.text
     started = http.post(f"{url}/api/experiments/{SLUG}/status", headers=organizer, json={"action": "start"})
     assert started.json()["status"] == "running", started.text
 

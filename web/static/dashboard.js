@@ -200,6 +200,11 @@
     drawChart("chart-eval", "held-out loss", "#7d3c98",
       scored.map(function (c) { return Date.parse(c.created_at) / 1000; }),
       scored.map(function (c) { return c.eval_loss; }), onHeldOut ? reference() : null);
+    const ranked = rows.filter(function (c) { return c.eval_top1 !== null; });
+    drawChart("chart-accuracy", "top-1", "#1e8449",
+      ranked.map(function (c) { return Date.parse(c.created_at) / 1000; }),
+      ranked.map(function (c) { return c.eval_top1; }),
+      onHeldOut && baseline.top1 !== null ? { label: "baseline: " + baseline.label, value: baseline.top1 } : null);
     const newest = scored.length ? scored[scored.length - 1] : null;
     document.getElementById("eval-stat-loss").textContent = newest ? fmt(newest.eval_loss, 3) : "–";
     document.getElementById("eval-stat-top1").textContent = newest ? percent(newest.eval_top1) : "–";

@@ -15,7 +15,7 @@ from functools import cache
 from importlib import import_module
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +29,7 @@ ENTRY_POINT_GROUP = "swarmhub.tasks"
 _BUILTIN = {
     "digits": "swarmhub.worker.tasks.digits:DigitsTask",
     "albert-mlm": "swarmhub.worker.tasks.albert:AlbertMLMTask",
+    "swav": "swarmhub.worker.tasks.swav:SwAVTask",
 }
 
 
@@ -36,14 +37,26 @@ class UnknownTask(LookupError):
     pass
 
 
-class TaskData(Protocol):
-    """An experiment's prepared corpus (``swarmhub.server.corpus.text``), as a task reads it.
+class CorpusNotAttached(RuntimeError):
+    """A task that trains on the experiment's corpus was used before ``attach`` gave it one."""
 
-    ``manifest`` is the corpus's ``manifest.json``: ``vocab_size``, ``seq_length``, ``special_tokens``
+
+class TaskData(Protocol):
+    """An experiment's prepared corpus (``swarmhub.server.corpus.text`` or ``.images``), as a task reads it.
+
+    For text, ``manifest`` is the corpus's ``manifest.json``: ``vocab_size``, ``seq_length``, ``special_tokens``
     (name -> id: pad, unk, cls, sep, mask), ``files`` (name -> sha256/bytes: the tokenizer's files and
     ``eval.npy``), ``shards`` (a list of ``{"name", "sha256", "sequences"}``). Every ``.npy`` is an int32 array of
-    shape (sequences, seq_length): ``[CLS] tokens... [SEP]`` then ``[PAD]``s. A worker downloads what it reads
-    (once, checked against the sha256, cached); the server's own peers read the files in place.
+    shape (sequences, seq_length): ``[CLS] tokens... [SEP]`` then ``[PAD]``s (``data.load_sequences``).
+
+    For images (``"kind": "images"``): ``image_size`` S, ``images`` (training images), ``classes`` (label names,
+    maybe none), ``files`` (``eval.npy``, ``eval_labels.npy``, ``bank.npy``, ``bank_labels.npy``, only where the
+    organizer gave labels), ``shards`` (``{"name", "sha256", "images"}``). Images are uint8 (n, 3, S, S)
+    (``data.load_images``), labels int64 (n,) indices into ``classes`` (``data.load_labels``); the ``eval`` images
+    are in no shard, the ``bank`` images are in the shards too.
+
+    A worker downloads what it reads (once, checked against the sha256, cached); the server's own peers read the
+    files in place.
     """
 
     @property
@@ -108,6 +121,12 @@ class Task(ABC):
     def loss(self, model: torch.nn.Module, batch: Any, device: torch.device) -> torch.Tensor:
         """The scalar training loss of ``model`` on ``batch``."""
 
+    def extra_tensors(self, model: torch.nn.Module) -> list[torch.Tensor]:
+        """What the swarm's state carries beside the parameters (hivemind's ``extra_tensors``: a peer that joins or
+        the checkpoint peer downloads them): the model's floating-point buffers, such as batch norm's running
+        statistics, without which a downloaded model evaluates with its initial ones."""
+        return [buffer for buffer in model.buffers() if buffer.is_floating_point()]
+
     def parameter_groups(self, model: torch.nn.Module) -> Iterable[Any]:
         """What the optimizer trains; override for per-group settings (for example no weight decay on norms)."""
         return model.parameters()
@@ -115,6 +134,11 @@ class Task(ABC):
     # A task that trains on a corpus the organizer gives the server sets this; the server then refuses to start
     # its experiment without one, and the worker calls ``attach`` with the corpus before anything else.
     needs_corpus: ClassVar[bool] = False
+    # What kind of corpus such a task trains on: "text" (``swarmhub.server.corpus.text``: a tokenizer and token
+    # shards) or "images" (``swarmhub.server.corpus.images``: uint8 image shards, labels for a held-out part). The
+    # server takes only that kind for its experiments (an archive for a text task is refused, and text for an
+    # image task) and offers only built-in sources of that kind.
+    corpus_kind: ClassVar[Literal["text", "images"]] = "text"
     # The server runs a checkpoint peer for a task that sets this: it saves the swarm's model (``export``) with
     # its held-out loss (``evaluate``) at the organizer's interval, and an emptied swarm resumes from it.
     keeps_checkpoints: ClassVar[bool] = False
@@ -183,6 +207,13 @@ class Task(ABC):
 
     # The dashboard's words for the baseline's reference line: what the baseline model knows.
     baseline_label: ClassVar[str] = ""
+    # The dashboard's words for the checkpoints' measures (a task that keeps checkpoints): what the held-out set is,
+    # what its accuracy counts, and how a user loads the downloaded model (plain text).
+    held_out_words: ClassVar[str] = "samples no worker trains on"
+    accuracy_words: ClassVar[str] = (
+        "the share of the held-out labels the newest checkpoint ranks first, or among its five most likely"
+    )
+    download_words: ClassVar[str] = "the model's state dict (model.pt): load it with torch.load"
 
     def baseline(self, shard_paths: Iterable[Path] = ()) -> Baseline | None:
         """What a model that knows only the labels' frequencies scores, on the samples the dashboard's loss is

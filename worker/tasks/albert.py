@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarmhub.common.protocol import OptimizerName
-from swarmhub.worker.tasks import Evaluation, Task
+from swarmhub.worker.tasks import CorpusNotAttached, Evaluation, Task
 from swarmhub.worker.tasks.masking import IGNORE, Vocabulary, choose_positions
 from swarmhub.worker.tasks.unigram import UnigramBaseline, token_counts, unigram_baseline
 
@@ -120,10 +120,6 @@ class AlbertParams(BaseModel):
         return self
 
 
-class CorpusNotAttached(RuntimeError):
-    """The task was used before :meth:`AlbertMLMTask.attach` gave it a corpus."""
-
-
 class AlbertMLMTask(Task):
     name = "albert-mlm"
     title = "ALBERT masked-language model (transformers) on the experiment's corpus"
@@ -146,6 +142,14 @@ class AlbertMLMTask(Task):
         return float(f"{min(rate, LAMB_MAX_RATE):.2g}")
 
     baseline_label = "knows only token frequencies"
+    held_out_words = "text no worker trains on"
+    accuracy_words = (
+        "the share of the held-out masked tokens the newest checkpoint ranks first, or among its five most likely"
+    )
+    download_words = (
+        "in the transformers format (weights, config, tokenizer): "
+        "load it with AutoModelForMaskedLM.from_pretrained(folder) after unzipping"
+    )
 
     def __init__(self, params: BaseModel | dict[str, Any] | None = None):
         super().__init__(params)

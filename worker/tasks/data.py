@@ -5,9 +5,10 @@
   server hands out, checks each against the manifest's sha256, and caches them under the worker's cache folder
   so a restart downloads nothing twice.
 
-Nothing here runs code from the server: the corpus is token ids in ``.npy`` files (loaded without pickle) and a
-tokenizer's JSON. Nothing here writes outside the cache either: every name from the server's manifest is checked
-up front and again before each write (:mod:`swarmhub.worker.tasks.safe_paths`).
+Nothing here runs code from the server: the corpus is token ids or image pixels in ``.npy`` files (loaded without
+pickle, their dtype and shape checked) and a tokenizer's JSON. Nothing here writes outside the cache either: every
+name from the server's manifest is checked up front and again before each write
+(:mod:`swarmhub.worker.tasks.safe_paths`).
 """
 
 from __future__ import annotations
@@ -41,10 +42,36 @@ def sha256_of(path: Path) -> str:
 
 def load_sequences(path: Path) -> np.ndarray:
     """A shard or ``eval.npy``: int32 (sequences, seq_length). Never unpickles."""
-    array = np.load(path, allow_pickle=False)
+    array = _load(path)
     if array.ndim != 2 or array.dtype != np.int32:
         raise CorpusUnavailable(f"{path.name} is not a token array (shape {array.shape}, {array.dtype})")
     return array
+
+
+def load_images(path: Path) -> np.ndarray:
+    """An image shard, ``eval.npy`` or ``bank.npy``: uint8 (images, 3, size, size). Never unpickles."""
+    array = _load(path)
+    if array.dtype != np.uint8 or array.ndim != 4 or array.shape[1] != 3 or array.shape[2] != array.shape[3]:
+        raise CorpusUnavailable(
+            f"{path.name} is not an array of square RGB images (shape {array.shape}, {array.dtype}; "
+            "uint8 (n, 3, size, size) expected)"
+        )
+    return array
+
+
+def load_labels(path: Path) -> np.ndarray:
+    """``eval_labels.npy`` or ``bank_labels.npy``: int64 (images,), indices into the manifest's ``classes``."""
+    array = _load(path)
+    if array.dtype != np.int64 or array.ndim != 1 or (array.size and int(array.min()) < 0):
+        raise CorpusUnavailable(f"{path.name} is not an array of labels (shape {array.shape}, {array.dtype})")
+    return array
+
+
+def _load(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:  # pickled objects, a cut or foreign file
+        raise CorpusUnavailable(f"{path.name} is not a plain numpy array: {exc}") from None
 
 
 class LocalCorpus:
@@ -92,7 +119,10 @@ class RemoteCorpus:
         self._manifest = manifest
         self._get = get
         self._next_shard = next_shard
-        self.folder = corpus_folder(Path(cache_dir), manifest)
+        # One cache folder per corpus content: a text corpus names it by its text's sha256, an image corpus by the
+        # sha256 over its files' hashes.
+        identity = manifest.get("text_sha256", manifest.get("sha256", "corpus"))
+        self.folder = corpus_folder(Path(cache_dir), {"text_sha256": identity})
         shards = manifest.get("shards", [])
         for name in [*manifest.get("files", {}), *(s.get("name") if isinstance(s, dict) else s for s in shards)]:
             confined(self.folder, name)  # a hostile name is refused before training starts, not halfway

@@ -1,11 +1,12 @@
 """A labelled image set drawn on the spot, for the ``swav`` task's demo and tests (nothing is downloaded).
 
 Eight kinds of picture (:data:`CLASSES`): five shapes (circle, ring, square, triangle, cross) and three textures
-(stripes, checker, dots), each at a random place, size and angle, in two random colours of some contrast, with pixel
-noise. What tells the kinds apart is the outline or the pattern, never the colour, the size or the place, so a
-backbone that has learnt nothing sorts them far worse than one that has: the gap the ``swav`` task's k-nearest-
-neighbour accuracy measures. The same ``(count, seed)`` always gives the same images; labels are balanced. NumPy
-only: the web process reads the labels for the dashboard's baseline without torch.
+(stripes, checker, dots), each at a random place, size and angle, in two random colours that differ in colour and
+in brightness (so the shape shows in grey too), with pixel noise. What tells the kinds apart is the outline or the
+pattern, never the colour, the size or the place, so a backbone that has learnt nothing sorts them far worse than
+one that has: the gap the ``swav`` task's k-nearest-neighbour accuracy measures. The same ``(count, seed)`` always
+gives the same images; labels are balanced. NumPy only: the server draws them for the built-in image source
+without torch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import numpy as np
 CLASSES = ("circle", "ring", "square", "triangle", "cross", "stripes", "checker", "dots")
 IMAGE_SIZE = 32
 MIN_CONTRAST = 0.35  # the least mean per-channel distance between the two colours of an image
+MIN_LUMA_CONTRAST = 0.25  # and the least difference of their brightness (Rec. 601 luma): the shape shows in grey
+LUMA = np.array([0.299, 0.587, 0.114])
 NOISE = 0.06  # the pixel noise's standard deviation, on a 0..1 scale
 
 
@@ -63,7 +66,10 @@ def draw(count: int, seed: int, size: int = IMAGE_SIZE) -> tuple[np.ndarray, np.
         mask = _mask(int(label), x, y, period=rng.uniform(0.3, 0.5))
         background = rng.uniform(0.0, 1.0, 3)
         foreground = rng.uniform(0.0, 1.0, 3)
-        while np.abs(foreground - background).mean() < MIN_CONTRAST:
+        while (
+            np.abs(foreground - background).mean() < MIN_CONTRAST
+            or abs(float((foreground - background) @ LUMA)) < MIN_LUMA_CONTRAST
+        ):
             foreground = rng.uniform(0.0, 1.0, 3)
         picture = np.where(mask[None], foreground[:, None, None], background[:, None, None])
         picture = picture + rng.normal(0.0, NOISE, picture.shape)

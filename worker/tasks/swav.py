@@ -19,7 +19,8 @@ not yet enough in the demo's time (docs/swav.md, ``bench/swav_settings.py``).
 
 from __future__ import annotations
 
-import math
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,19 +28,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from swarmhub.common.protocol import OptimizerName
-from swarmhub.worker.tasks import Baseline, Evaluation, Task, shapes
+from swarmhub.worker.tasks import Baseline, CorpusNotAttached, Evaluation, Task, TaskData
+from swarmhub.worker.tasks.multicrop import GLOBAL_SCALE, LOCAL_SCALE, luminance, normalise, random_crops
 
 if TYPE_CHECKING:  # the server validates parameters without torch; workers import it when they train
     import torch
 
-TRAIN_SEED, HELD_OUT_SEED = 0, 1
-HELD_OUT_IMAGES = 512
-BANK_IMAGES = 2048  # the labelled training images held-out images are compared with
+HELD_OUT_IMAGES = 512  # the most the held-out loss is measured on
+BASELINE_SECONDS = 300  # the most measuring a random backbone may take (seconds on a CPU for the tiny one)
 KNN_NEIGHBOURS, KNN_TEMPERATURE = 20, 0.07
-GLOBAL_SCALE, LOCAL_SCALE = (0.35, 1.0), (0.1, 0.35)  # the share of the image a crop covers
-COLOUR_JITTER, GREY = 0.8, 0.2  # how often a crop's colours are jittered, and made grey
-JITTER = (0.2, 1.8)  # the range of a jittered crop's brightness, contrast and saturation factors (SwAV's 0.8)
-HUE = 0.4 * math.pi  # the most a jittered crop's hue turns, radians (a fifth of the circle, as SwAV's 0.2)
 
 
 class SwAVParams(BaseModel):
@@ -55,13 +52,28 @@ class SwAVParams(BaseModel):
     feature_dim: int = Field(default=32, title="Feature size", ge=8, le=512, description="Embedding dimension")
     hidden_dim: int = Field(default=128, title="Head width", ge=16, le=4096, description="Projection head width")
     prototypes: int = Field(default=32, title="Prototypes", ge=2, le=10_000, description="Clusters to assign to")
-    temperature: float = Field(default=0.1, gt=0.0, le=1.0, description="Softmax temperature of the predictions")
-    epsilon: float = Field(default=0.05, gt=0.0, le=1.0, description="Sinkhorn-Knopp's entropy regularisation")
-    sinkhorn_iterations: int = Field(default=3, ge=1, le=20)
-    freeze_prototypes_steps: int = Field(default=50, ge=0, le=100_000, description="Local steps without")
-    queue_length: int = Field(default=256, ge=0, le=65_536, description="Past embeddings used for small batches")
-    queue_starts_after: int = Field(default=100, ge=0, le=1_000_000, description="Local steps before the queue")
-    images: int = Field(default=4096, ge=256, le=100_000, description="Size of the built-in image set")
+    temperature: float = Field(
+        default=0.1, title="Temperature", gt=0.0, le=1.0, description="Softmax temperature of the predictions"
+    )
+    epsilon: float = Field(
+        default=0.05, title="Sinkhorn epsilon", gt=0.0, le=1.0, description="Entropy regularisation of the codes"
+    )
+    sinkhorn_iterations: int = Field(default=3, title="Sinkhorn iterations", ge=1, le=20)
+    freeze_prototypes_steps: int = Field(
+        default=50, title="Frozen prototypes", ge=0, le=100_000, description="Local steps before prototypes learn"
+    )
+    queue_length: int = Field(
+        default=256, title="Queue length", ge=0, le=65_536, description="Past embeddings used for small batches"
+    )
+    queue_starts_after: int = Field(
+        default=100, title="Queue starts after", ge=0, le=1_000_000, description="Local steps before the queue"
+    )
+    colour: Literal["jitter", "grey"] = Field(
+        default="jitter",
+        title="Colour",
+        description="jitter: the colour jitter of SwAV and an occasional grey crop; grey: every crop and evaluated "
+        "image grey, with gentle brightness and contrast jitter (for images whose colours say nothing of their kind)",
+    )
 
 
 def sinkhorn(scores: torch.Tensor, epsilon: float, iterations: int) -> torch.Tensor:
@@ -80,60 +92,6 @@ def sinkhorn(scores: torch.Tensor, epsilon: float, iterations: int) -> torch.Ten
             q /= q.sum(dim=0, keepdim=True)
             q /= batch
         return (q * batch).t()
-
-
-def random_crops(
-    images: torch.Tensor, count: int, size: int, scale: tuple[float, float], generator: torch.Generator
-) -> list[torch.Tensor]:
-    """``count`` augmented crops of every image (float, 0..1, shape (N, 3, H, W)): a random area share within
-    ``scale`` and aspect ratio within 3/4..4/3, resized to ``size`` pixels, flipped half the time, colour-jittered
-    (hue turned by up to ``HUE``, brightness, contrast and saturation scaled within ``JITTER``; ``COLOUR_JITTER``
-    of the crops) and made grey (``GREY`` of them), then normalised."""
-    import torch
-    import torch.nn.functional as F
-
-    n, device = images.shape[0], images.device
-
-    def uniform(low: float, high: float) -> torch.Tensor:
-        return (torch.rand(n, generator=generator) * (high - low) + low).to(device)
-
-    crops = []
-    for _ in range(count):
-        area = uniform(*scale)
-        ratio = torch.exp(uniform(math.log(3 / 4), math.log(4 / 3)))
-        width, height = (area * ratio).sqrt().clamp(max=1.0), (area / ratio).sqrt().clamp(max=1.0)
-        flip = torch.where(uniform(0.0, 1.0) < 0.5, -1.0, 1.0)
-        theta = torch.zeros(n, 2, 3, device=device)
-        theta[:, 0, 0], theta[:, 1, 1] = width * flip, height
-        theta[:, 0, 2], theta[:, 1, 2] = uniform(-1, 1) * (1 - width), uniform(-1, 1) * (1 - height)
-        grid = F.affine_grid(theta, [n, 3, size, size], align_corners=False)
-        crop = F.grid_sample(images, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
-        jitter = (uniform(0.0, 1.0) < COLOUR_JITTER).view(n, 1, 1, 1)
-        jittered = hue_rotate(crop, uniform(-HUE, HUE)) * uniform(*JITTER).view(n, 1, 1, 1)
-        mean = jittered.mean(dim=(1, 2, 3), keepdim=True)
-        jittered = (jittered - mean) * uniform(*JITTER).view(n, 1, 1, 1) + mean
-        grey = jittered.mean(dim=1, keepdim=True)
-        jittered = grey + (jittered - grey) * uniform(*JITTER).view(n, 1, 1, 1)
-        crop = torch.where(jitter, jittered, crop).clamp(0.0, 1.0)
-        crop = torch.where((uniform(0.0, 1.0) < GREY).view(n, 1, 1, 1), crop.mean(dim=1, keepdim=True), crop)
-        crops.append(normalise(crop.expand(n, 3, size, size)))
-    return crops
-
-
-def hue_rotate(images: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """Each image's colours turned by its angle (radians) about the grey axis of the RGB cube: its hue changes,
-    its brightness does not."""
-    import torch
-
-    axis = torch.full((3,), 3**-0.5, device=images.device)
-    cross = torch.tensor([[0.0, -1.0, 1.0], [1.0, 0.0, -1.0], [-1.0, 1.0, 0.0]], device=images.device) * 3**-0.5
-    cos, sin = angles.cos().view(-1, 1, 1), angles.sin().view(-1, 1, 1)
-    rotation = cos * torch.eye(3, device=images.device) + sin * cross + (1 - cos) * torch.outer(axis, axis)
-    return torch.einsum("nij,njhw->nihw", rotation, images)
-
-
-def normalise(images: torch.Tensor) -> torch.Tensor:
-    return (images - 0.5) / 0.25
 
 
 def build_model(params: SwAVParams) -> torch.nn.Module:
@@ -181,14 +139,27 @@ class SwAVTask(Task):
     params: SwAVParams
 
     keeps_checkpoints = True  # the checkpoint peer measures the backbone's k-NN accuracy
+    needs_corpus = True
+    corpus_kind = "images"
     proposed_optimizer = OptimizerName.lars
-    baseline_label = "predicts every prototype alike; guesses the most frequent shape"
+    baseline_label = "is a randomly initialised backbone"
+    held_out_words = "labelled images no worker trains on"
+    accuracy_words = (
+        "k-nearest-neighbour accuracy of the backbone's features: each held-out image takes the weighted vote of "
+        "the 20 most similar labelled training images"
+    )
+    download_words = (
+        "the backbone's state dict (backbone.pt, torchvision's layout, architecture in backbone.json): "
+        "resnet18/resnet50 load into torchvision.models.resnet18()/resnet50() once their fc is torch.nn.Identity(); "
+        "tiny is swarmhub.worker.tasks.resnet.build_backbone('tiny')"
+    )
 
     def __init__(self, params: BaseModel | dict[str, Any] | None = None):
         super().__init__(params)
         self._steps = 0
         self._queue: Any = None  # (2, queue_length, feature_dim), newest first; a peer's own
         self._generator: Any = None
+        self._held_out: Any = None
 
     @property
     def batch_size(self) -> int:
@@ -197,25 +168,72 @@ class SwAVTask(Task):
     def build_model(self) -> torch.nn.Module:
         return build_model(self.params)
 
+    def attach(self, data: TaskData) -> None:
+        super().attach(data)
+        self._held_out = None
+
+    def _corpus(self) -> TaskData:
+        if self.data is None:
+            raise CorpusNotAttached(
+                "The swav task trains on the experiment's images: call attach(corpus) before reading batches"
+            )
+        return self.data
+
+    def _labelled(self, name: str) -> tuple[Any, Any] | None:
+        """``eval`` or ``bank``: the corpus's labelled images and their labels, or None for an unlabelled corpus."""
+        from swarmhub.worker.tasks.data import load_images, load_labels
+
+        corpus = self._corpus()
+        if f"{name}.npy" not in corpus.manifest.get("files", {}):
+            return None
+        images = load_images(corpus.file(f"{name}.npy"))
+        labels = load_labels(corpus.file(f"{name}_labels.npy"))
+        if len(labels) != len(images):
+            raise CorpusNotAttached(f"the corpus's {name}.npy and {name}_labels.npy differ in length")
+        return images, labels
+
+    def _held_out_images(self) -> Any:
+        """The held-out images the loss is measured on (the same every call): the labelled held-out set, or, for a
+        corpus without labels (which has no held-out images), ``HELD_OUT_IMAGES`` of one training shard."""
+        from swarmhub.worker.tasks.data import load_images
+
+        if self._held_out is None:
+            labelled = self._labelled("eval")
+            if labelled is not None:
+                self._held_out = labelled[0][:HELD_OUT_IMAGES]
+            else:
+                first = next(iter(self._corpus().shards(0)))  # the same shard every time
+                self._held_out = load_images(first)[:HELD_OUT_IMAGES]
+        return self._held_out
+
     def batches(self, seed: int) -> Iterator[Any]:
+        """Batches of uint8 images from the shards this worker takes, shuffled within each shard; a shard's
+        last images that do not fill a batch wait for the next shard's."""
         import numpy as np
         import torch
 
-        images, labels = shapes.draw(self.params.images, TRAIN_SEED)
-        images_t = torch.as_tensor(np.array(images))
+        from swarmhub.worker.tasks.data import load_images
+
         rng = np.random.default_rng(seed)
         self._generator = torch.Generator().manual_seed(seed)
         size = self.params.batch_size
-        while True:
-            order = torch.as_tensor(rng.permutation(len(labels)))
-            for start in range(0, len(order) - size + 1, size):
-                yield images_t[order[start : start + size]]
+        carry = None
+        for path in self._corpus().shards(seed):
+            images = load_images(path)
+            images = images[rng.permutation(len(images))]
+            if carry is not None:
+                images = np.concatenate([carry, images])
+            whole = len(images) - len(images) % size
+            for start in range(0, whole, size):
+                yield torch.as_tensor(images[start : start + size])
+            carry = images[whole:]
 
     def crops(self, images: torch.Tensor, device: torch.device, generator: torch.Generator) -> list[torch.Tensor]:
         p = self.params
         x = images.to(device).float() / 255.0
-        return random_crops(x, 2, p.crop_size, GLOBAL_SCALE, generator) + random_crops(
-            x, p.local_crops, p.local_crop_size, LOCAL_SCALE, generator
+        grey = p.colour == "grey"
+        return random_crops(x, 2, p.crop_size, GLOBAL_SCALE, generator, grey) + random_crops(
+            x, p.local_crops, p.local_crop_size, LOCAL_SCALE, generator, grey
         )
 
     def swav_loss(self, model: Any, crops: list[torch.Tensor], frozen: bool, queue: torch.Tensor | None) -> Any:
@@ -261,7 +279,8 @@ class SwAVTask(Task):
         return loss
 
     def features(self, model: Any, images: Any, device: torch.device) -> torch.Tensor:
-        """Unit backbone features of uint8 images, in evaluation mode, 256 at a time."""
+        """Unit backbone features of uint8 images (grey ones where the task's colour is grey), in evaluation mode,
+        256 at a time."""
         import numpy as np
         import torch
         import torch.nn.functional as F
@@ -271,21 +290,28 @@ class SwAVTask(Task):
         try:
             with torch.no_grad():
                 x = torch.as_tensor(np.array(images))
-                parts = [model(normalise(x[i : i + 256].to(device).float() / 255.0)) for i in range(0, len(x), 256)]
+                parts = [
+                    model(self._prepared(x[i : i + 256].to(device).float() / 255.0)) for i in range(0, len(x), 256)
+                ]
                 return F.normalize(torch.cat(parts).float(), dim=1)
         finally:
             model.train(was_training)
 
-    def knn_top1(self, model: torch.nn.Module, device: torch.device) -> float:
-        """The held-out images' k-nearest-neighbour accuracy against the labelled training images."""
-        bank_images, bank_labels = shapes.draw(self.params.images, TRAIN_SEED)
-        query_images, query_labels = shapes.draw(HELD_OUT_IMAGES, HELD_OUT_SEED)
-        count = min(BANK_IMAGES, len(bank_labels))
+    def _prepared(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 images as the backbone sees them in evaluation: 0..1, grey where the task's colour is, normalised."""
+        images = images.float() / 255.0
+        if self.params.colour == "grey":
+            images = luminance(images).expand_as(images)
+        return normalise(images)
+
+    def knn_top1(self, model: torch.nn.Module, device: torch.device) -> float | None:
+        """The held-out images' k-nearest-neighbour accuracy against the labelled training images (the bank), or
+        None for a corpus without labels."""
+        queries, bank = self._labelled("eval"), self._labelled("bank")
+        if queries is None or bank is None:
+            return None
         return knn_top1(
-            self.features(model, bank_images[:count], device),
-            bank_labels[:count],
-            self.features(model, query_images, device),
-            query_labels,
+            self.features(model, bank[0], device), bank[1], self.features(model, queries[0], device), queries[1]
         )
 
     def evaluate(self, model: torch.nn.Module, device: torch.device) -> float:
@@ -293,7 +319,7 @@ class SwAVTask(Task):
         import numpy as np
         import torch
 
-        images, _ = shapes.draw(HELD_OUT_IMAGES, HELD_OUT_SEED)
+        images = self._held_out_images()
         was_training = model.training
         model.eval()
         try:
@@ -304,22 +330,36 @@ class SwAVTask(Task):
         finally:
             model.train(was_training)
 
-    def measure(self, model: torch.nn.Module, device: torch.device) -> Evaluation:
+    def measure(self, model: torch.nn.Module, device: torch.device) -> Evaluation:  # type: ignore[override]
         return Evaluation(loss=self.evaluate(model, device), top1=self.knn_top1(model, device))
 
-    def baseline(self, shard_paths: Iterable[Path] = ()) -> Baseline:
-        """Predicting every prototype alike (the loss is then ln(prototypes) whatever the codes) and guessing the
-        most frequent shape of the held-out images."""
-        import numpy as np
+    def baseline(self, shard_paths: Iterable[Path] = ()) -> Baseline | None:
+        """A randomly initialised backbone (seed 0) measured as the checkpoint peer measures the swarm's: its
+        held-out SwAV loss and k-NN accuracy; None for a corpus without labels. Measured in a child process where
+        this one has not loaded torch (the web process, which prepares the corpus, never does)."""
+        if self.data is None or self._labelled("eval") is None:
+            return None
+        if "torch" in sys.modules:
+            return self.random_backbone()
+        folder = getattr(self.data, "folder", None)
+        if folder is None:
+            return None
+        command = [sys.executable, "-m", "swarmhub.worker.tasks.swav", str(folder), self.params.model_dump_json()]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BASELINE_SECONDS, check=False)
+        if done.returncode != 0:
+            raise CorpusNotAttached(f"measuring a random backbone on the corpus failed: {done.stderr[-400:]}")
+        return Baseline.model_validate_json(done.stdout.strip().splitlines()[-1])
 
-        counts = np.bincount(shapes.labels(HELD_OUT_IMAGES, HELD_OUT_SEED), minlength=len(shapes.CLASSES))
-        shares = np.sort(counts / counts.sum())[::-1]
-        return Baseline(
-            cross_entropy=math.log(self.params.prototypes),
-            top1=float(shares[0]),
-            top5=float(shares[:5].sum()),
-            labels=int(counts.sum()),
-        )
+    def random_backbone(self) -> Baseline:
+        import torch
+
+        queries = self._labelled("eval")
+        assert queries is not None
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = self.build_model()
+        measured = self.measure(model, torch.device("cpu"))
+        return Baseline(cross_entropy=measured.loss, top1=measured.top1 or 0.0, labels=len(queries[1]))
 
     def export(self, model: torch.nn.Module, folder: Path) -> None:
         """``backbone.pt`` (the backbone's state dict, torchvision's layout without ``fc``) and ``model.pt`` (all)."""
@@ -347,3 +387,11 @@ def knn_top1(
     similarity, index = (query @ bank.t()).topk(min(k, len(bank_y)), dim=1)
     votes = torch.zeros(len(query_y), classes).scatter_add_(1, bank_y[index], torch.exp(similarity / KNN_TEMPERATURE))
     return float((votes.argmax(dim=1) == query_y).float().mean())
+
+
+if __name__ == "__main__":  # the random backbone's baseline, for a process without torch: FOLDER PARAMS_JSON
+    from swarmhub.worker.tasks.data import LocalCorpus
+
+    task = SwAVTask(SwAVParams.model_validate_json(sys.argv[2]))
+    task.attach(LocalCorpus(Path(sys.argv[1])))
+    print(task.random_backbone().model_dump_json())

@@ -327,6 +327,7 @@ def train(
                     else swarm_epoch.Roster(dht, join.run_id, access.experiment_key, join.username, deny_list),
                     run_id=join.run_id,
                     params=list(task.parameter_groups(model)),
+                    extra_tensors=task.extra_tensors(model),
                     optimizer=optimizer_factory(cfg),
                     scheduler=scheduler_factory(task),
                     batch_size_per_step=None if auxiliary else task.batch_size,
