@@ -234,3 +234,11 @@ def test_the_worker_trains_with_lars() -> None:
     assert settings.optimizer is OptimizerName.lars
     opt = optimizer_factory(settings)([torch.nn.Parameter(torch.ones(2, 2))])
     assert isinstance(opt, Lars) and opt.param_groups[0]["lr"] == pytest.approx(0.3)
+
+
+def test_the_rate_falls_along_a_cosine_to_a_tenth_and_stays():
+    assert SwAVTask().lr_schedule() is None
+    schedule = SwAVTask({"decay_steps": 100}).lr_schedule()
+    assert schedule is not None
+    assert schedule(0) == pytest.approx(1.0) and schedule(50) == pytest.approx(0.55)
+    assert schedule(100) == pytest.approx(0.1) and schedule(10_000) == pytest.approx(0.1)

@@ -19,9 +19,10 @@ not yet enough in the demo's time (docs/swav.md, ``bench/swav_settings.py``).
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # the server validates parameters without torch; workers impo
     import torch
 
 HELD_OUT_IMAGES = 512  # the most the held-out loss is measured on
+FINAL_RATE_SHARE = 0.1  # of the learning rate, where the decay ends
 BASELINE_SECONDS = 300  # the most measuring a random backbone may take (seconds on a CPU for the tiny one)
 KNN_NEIGHBOURS, KNN_TEMPERATURE = 20, 0.07
 
@@ -67,6 +69,13 @@ class SwAVParams(BaseModel):
     )
     queue_starts_after: int = Field(
         default=100, title="Queue starts after", ge=0, le=1_000_000, description="Local steps before the queue"
+    )
+    decay_steps: int = Field(
+        default=0,
+        title="Decay steps",
+        ge=0,
+        le=10_000_000,
+        description="Collaborative steps over which the rate falls (cosine) to a tenth, then stays; 0 keeps it",
     )
     colour: Literal["jitter", "grey"] = Field(
         default="jitter",
@@ -167,6 +176,20 @@ class SwAVTask(Task):
 
     def build_model(self) -> torch.nn.Module:
         return build_model(self.params)
+
+    def lr_schedule(self) -> Callable[[int], float] | None:
+        """The full rate at the first collaborative step, falling along a half cosine to ``FINAL_RATE_SHARE`` of it
+        at ``decay_steps``, then held there (a backbone that keeps training, with less of the noise of a large
+        rate); None where ``decay_steps`` is 0."""
+        total = self.params.decay_steps
+        if total == 0:
+            return None
+
+        def multiplier(step: int) -> float:
+            done = min(step, total) / total
+            return FINAL_RATE_SHARE + (1.0 - FINAL_RATE_SHARE) * 0.5 * (1.0 + math.cos(math.pi * done))
+
+        return multiplier
 
     def attach(self, data: TaskData) -> None:
         super().attach(data)
