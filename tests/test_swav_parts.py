@@ -1,4 +1,4 @@
-"""The parts of the SwAV workload (``swarmhub.worker.tasks.swav``, not registered as a task yet: docs/swav.md): the
+"""The parts of the SwAV workload (``swarmhub.worker.tasks.swav``, docs/swav.md): the
 built-in shapes, the ResNet backbones in torchvision's layout, LARS, Sinkhorn-Knopp, multi-crop, the SwAV loss and
 the k-nearest-neighbour accuracy."""
 
@@ -20,7 +20,8 @@ from swarmhub.worker.tasks import Baseline, CorpusNotAttached, available_tasks, 
 from swarmhub.worker.tasks.data import LocalCorpus
 from swarmhub.worker.tasks.multicrop import random_crops
 from swarmhub.worker.tasks.resnet import build_backbone
-from swarmhub.worker.tasks.swav import SwAVTask, knn_top1, sinkhorn
+from swarmhub.worker.tasks.swav import SwAVTask
+from swarmhub.worker.tasks.swav_model import knn_top1, sinkhorn
 from swarmhub.worker.training.lars import Lars
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Annotated, Any, Literal, TypeVar
-from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -38,6 +37,7 @@ from swarmhub.server.http.deps import (
     api_token,
     reconcile_after_commit,
 )
+from swarmhub.server.http.paging import NEXT_PAGE, link_next
 from swarmhub.server.http.ratelimit import limited, limited_per_account
 from swarmhub.server.live.snapshots import base_url, metrics_public
 from swarmhub.server.metrics import swarm_view
@@ -340,14 +340,7 @@ def denylist(slug: str, session: DB, user: CurrentUser, request: Request) -> Den
 @router.get(
     "/experiments/{slug}/leaderboard",
     response_model=list[metrics.LeaderboardEntry],
-    responses={
-        200: {
-            "headers": {
-                "Next-Cursor": {"description": "Pass as ?cursor= for the next page; absent on the last page"},
-                "Link": {"description": 'The next page\'s address, rel="next" (RFC 8288); absent on the last page'},
-            }
-        }
-    },
+    responses=NEXT_PAGE,
 )
 def leaderboard(
     slug: str,
@@ -385,11 +378,7 @@ def leaderboard(
         offset=offset,
         after=after,
     )
-    if page.next_cursor is not None:
-        # A header, not a field: the body stays the list that dashboards and scripts already read.
-        response.headers["Next-Cursor"] = page.next_cursor
-        query = urlencode({"limit": limit, "cursor": page.next_cursor})
-        response.headers["Link"] = f'<{request.url.path}?{query}>; rel="next"'
+    link_next(request, response, limit, page.next_cursor)
     return page.entries
 
 

@@ -16,6 +16,7 @@ from swarmhub.server.accounts import quotas
 from swarmhub.server.community import exports
 from swarmhub.server.core.errors import BadRequest, documented
 from swarmhub.server.http.deps import DB, AppSettings, CurrentUser, OptionalUser
+from swarmhub.server.http.paging import NEXT_PAGE, link_next
 from swarmhub.server.http.ratelimit import check_account, limited
 from swarmhub.server.services import services
 
@@ -36,14 +37,6 @@ ExperimentsLimit = Annotated[
 ExperimentsAfter = Annotated[
     str | None, Query(max_length=200, description="The experiments_next_cursor of the previous page of experiments")
 ]
-NEXT_PAGE: dict[int | str, dict[str, Any]] = {
-    200: {
-        "headers": {
-            "Next-Cursor": {"description": "Pass as ?cursor= for the next page; absent on the last page"},
-            "Link": {"description": 'The next page\'s address, rel="next" (RFC 8288); absent on the last page'},
-        }
-    }
-}
 
 
 def team_detail(
@@ -64,10 +57,7 @@ def team_detail(
 def next_page(request: Request, response: Response, limit: int, page: teams.Page[Any]) -> list[Any]:
     """A page's rows as the body, and the way to the next page as the leaderboard gives it: the ``Next-Cursor``
     header and ``Link`` (rel="next"), both absent on the last page. Headers, not fields: the body stays a list."""
-    if page.next_cursor is not None:
-        response.headers["Next-Cursor"] = page.next_cursor
-        query = urlencode({"limit": limit, "cursor": page.next_cursor})
-        response.headers["Link"] = f'<{request.url.path}?{query}>; rel="next"'
+    link_next(request, response, limit, page.next_cursor)
     return page.entries
 
 

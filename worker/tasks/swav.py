@@ -8,13 +8,12 @@ other crop of the image learns to predict them (cross-entropy of its softmax at 
 gradient for the first ``freeze_prototypes_steps`` local steps; once ``queue_starts_after`` steps are done, a small
 batch's codes are computed together with the last ``queue_length`` global embeddings of this peer (the queue).
 
-Quality is the backbone's k-nearest-neighbour accuracy: features of a labelled held-out set, each classified by the
-votes of its nearest labelled training images (``knn_top1``). The built-in image set is :mod:`.shapes`, drawn on the
-spot. The export is the backbone's state dict in torchvision's layout (:mod:`.resnet`).
-
-Not registered as a task yet: with SwAV's colour jitter the tiny backbone falls to the uniform prediction (the loss
-settles at ln(prototypes)) within a few hundred steps, with Adam or LARS; crops that are always grey learn shape, but
-not yet enough in the demo's time (docs/swav.md, ``bench/swav_settings.py``).
+The images are the experiment's (an organizer's archive, or the built-in :mod:`.shapes`), cut into shards by the
+server (``server/corpus/images.py``). Quality is the backbone's k-nearest-neighbour accuracy: features of the
+corpus's labelled held-out images, each classified by the votes of its nearest labelled training images (the
+bank). The network, Sinkhorn-Knopp and the k-NN vote are in :mod:`.swav_model`, the crops in :mod:`.multicrop`. The
+export is the backbone's state dict in torchvision's layout (:mod:`.resnet`). With SwAV's colour jitter the tiny
+backbone falls to the uniform prediction on the shapes; ``colour: "grey"`` learns shape (docs/swav.md).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from swarmhub.common.protocol import OptimizerName
 from swarmhub.worker.tasks import Baseline, CorpusNotAttached, Evaluation, Task, TaskData
 from swarmhub.worker.tasks.multicrop import GLOBAL_SCALE, LOCAL_SCALE, luminance, normalise, random_crops
+from swarmhub.worker.tasks.swav_model import build_model, knn_top1, sinkhorn
 
 if TYPE_CHECKING:  # the server validates parameters without torch; workers import it when they train
     import torch
@@ -38,7 +38,6 @@ if TYPE_CHECKING:  # the server validates parameters without torch; workers impo
 HELD_OUT_IMAGES = 512  # the most the held-out loss is measured on
 FINAL_RATE_SHARE = 0.1  # of the learning rate, where the decay ends
 BASELINE_SECONDS = 300  # the most measuring a random backbone may take (seconds on a CPU for the tiny one)
-KNN_NEIGHBOURS, KNN_TEMPERATURE = 20, 0.07
 
 
 class SwAVParams(BaseModel):
@@ -85,65 +84,9 @@ class SwAVParams(BaseModel):
     )
 
 
-def sinkhorn(scores: torch.Tensor, epsilon: float, iterations: int) -> torch.Tensor:
-    """Codes for ``scores`` (batch, prototypes): each row sums to 1 and each prototype takes an equal share of the
-    batch, computed in fp32 and without gradient."""
-    import torch
-
-    with torch.no_grad():
-        scores = scores.float()
-        q = torch.exp((scores - scores.max()) / epsilon).t()  # prototypes x batch
-        q /= q.sum()
-        prototypes, batch = q.shape
-        for _ in range(iterations):
-            q /= q.sum(dim=1, keepdim=True)
-            q /= prototypes
-            q /= q.sum(dim=0, keepdim=True)
-            q /= batch
-        return (q * batch).t()
-
-
-def build_model(params: SwAVParams) -> torch.nn.Module:
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    from swarmhub.worker.tasks.resnet import build_backbone
-
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.backbone = build_backbone(params.backbone)
-            width = self.backbone.num_features
-            self.projection = nn.Sequential(
-                nn.Linear(width, params.hidden_dim),
-                nn.BatchNorm1d(params.hidden_dim),
-                nn.ReLU(inplace=True),
-                nn.Linear(params.hidden_dim, params.feature_dim),
-            )
-            self.prototypes = nn.Linear(params.feature_dim, params.prototypes, bias=False)
-
-        def embed(self, crops: list[torch.Tensor]) -> torch.Tensor:
-            """Unit embeddings of every crop, in the order given (crops of one size go through together)."""
-            out: list[torch.Tensor | None] = [None] * len(crops)
-            by_size: dict[int, list[int]] = {}
-            for i, crop in enumerate(crops):
-                by_size.setdefault(crop.shape[-1], []).append(i)
-            for indices in by_size.values():
-                features = self.backbone(torch.cat([crops[i] for i in indices]))
-                for i, part in zip(indices, self.projection(features).chunk(len(indices)), strict=True):
-                    out[i] = part
-            return F.normalize(torch.cat(out), dim=1)  # type: ignore[arg-type]
-
-        def forward(self, images: torch.Tensor) -> torch.Tensor:
-            return self.backbone(images)
-
-    return Model()
-
-
 class SwAVTask(Task):
     name = "swav"
-    title = "SwAV: self-supervised ResNet pretraining on images (built-in shapes)"
+    title = "SwAV: self-supervised ResNet pretraining on images"
     Params = SwAVParams
     params: SwAVParams
 
@@ -169,6 +112,7 @@ class SwAVTask(Task):
         self._queue: Any = None  # (2, queue_length, feature_dim), newest first; a peer's own
         self._generator: Any = None
         self._held_out: Any = None
+        self._read: dict[str, tuple[Any, Any] | None] = {}  # the labelled sets, read once per attached corpus
 
     @property
     def batch_size(self) -> int:
@@ -194,6 +138,7 @@ class SwAVTask(Task):
     def attach(self, data: TaskData) -> None:
         super().attach(data)
         self._held_out = None
+        self._read = {}
 
     def _corpus(self) -> TaskData:
         if self.data is None:
@@ -203,17 +148,22 @@ class SwAVTask(Task):
         return self.data
 
     def _labelled(self, name: str) -> tuple[Any, Any] | None:
-        """``eval`` or ``bank``: the corpus's labelled images and their labels, or None for an unlabelled corpus."""
+        """``eval`` or ``bank``: the corpus's labelled images and their labels, or None for an unlabelled corpus
+        (read once: the checkpoint peer measures every checkpoint on them)."""
         from swarmhub.worker.tasks.data import load_images, load_labels
 
+        if name in self._read:
+            return self._read[name]
         corpus = self._corpus()
-        if f"{name}.npy" not in corpus.manifest.get("files", {}):
-            return None
-        images = load_images(corpus.file(f"{name}.npy"))
-        labels = load_labels(corpus.file(f"{name}_labels.npy"))
-        if len(labels) != len(images):
-            raise CorpusNotAttached(f"the corpus's {name}.npy and {name}_labels.npy differ in length")
-        return images, labels
+        found = None
+        if f"{name}.npy" in corpus.manifest.get("files", {}):
+            images = load_images(corpus.file(f"{name}.npy"))
+            labels = load_labels(corpus.file(f"{name}_labels.npy"))
+            if len(labels) != len(images):
+                raise CorpusNotAttached(f"the corpus's {name}.npy and {name}_labels.npy differ in length")
+            found = images, labels
+        self._read[name] = found
+        return found
 
     def _held_out_images(self) -> Any:
         """The held-out images the loss is measured on (the same every call): the labelled held-out set, or, for a
@@ -394,22 +344,6 @@ class SwAVTask(Task):
         torch.save(model.backbone.state_dict(), folder / "backbone.pt")  # type: ignore[union-attr]
         torch.save(model.state_dict(), folder / "model.pt")
         (folder / "backbone.json").write_text(json.dumps({"architecture": self.params.backbone}) + "\n")
-
-
-def knn_top1(
-    bank: torch.Tensor, bank_labels: Any, query: torch.Tensor, query_labels: Any, k: int = KNN_NEIGHBOURS
-) -> float:
-    """Weighted k-nearest-neighbour accuracy of unit features (Wu et al., 2018): each query's ``k`` most similar
-    bank features vote for their label with weight exp(similarity / 0.07)."""
-    import numpy as np
-    import torch
-
-    bank_y = torch.as_tensor(np.array(bank_labels))
-    query_y = torch.as_tensor(np.array(query_labels))
-    classes = int(max(bank_y.max(), query_y.max())) + 1
-    similarity, index = (query @ bank.t()).topk(min(k, len(bank_y)), dim=1)
-    votes = torch.zeros(len(query_y), classes).scatter_add_(1, bank_y[index], torch.exp(similarity / KNN_TEMPERATURE))
-    return float((votes.argmax(dim=1) == query_y).float().mean())
 
 
 if __name__ == "__main__":  # the random backbone's baseline, for a process without torch: FOLDER PARAMS_JSON
